@@ -1,0 +1,53 @@
+"""flashcompress: DeepSeek-V4 KV compressor kernels.
+
+Public API (imported lazily: ``import flashcompress`` loads neither tvm-ffi nor
+CUDA and compiles nothing; the first attribute access imports torch and the
+API modules):
+
+  CompressorDecodePlan, CompressorPrefillPlan   plan containers + builders
+  compress_forward                              pool KV projections into compressed rows
+  compress_norm_rope_store                      RMSNorm + RoPE (+ Hadamard) + quantised paged store
+  is_overlap_compress                           ratio 4 uses overlapping windows
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompressorDecodePlan",
+    "CompressorPrefillPlan",
+    "compress_forward",
+    "compress_norm_rope_store",
+    "is_overlap_compress",
+    "__version__",
+]
+
+_LAZY = {
+    "CompressorDecodePlan": "plans",
+    "CompressorPrefillPlan": "plans",
+    "compress_forward": "api",
+    "compress_norm_rope_store": "api",
+    "is_overlap_compress": "api",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .api import compress_forward, compress_norm_rope_store, is_overlap_compress
+    from .plans import CompressorDecodePlan, CompressorPrefillPlan
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flashcompress' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,244 @@
+"""Plan containers and builders: ``CompressorDecodePlan`` and ``CompressorPrefillPlan``.
+
+A plan is a tuple ``(compress_ratio, plan_rows...)`` of raw uint8 plan tensors
+(byte layouts in ``flashcompress.layouts``):
+
+  CompressorDecodePlan   (ratio, plan_d [B, 16])
+  CompressorPrefillPlan  (ratio, plan_c [C, 16], plan_w [W, 8])   online: plan_w [W, 16]
+
+``generate*`` validate their arguments, then build the plan with the PyTorch
+backend (CPU tensors) or the CUDA plan-builder kernels (CUDA tensors).  Both
+produce the same bytes in the same row order (batch-major, position-ascending).
+An empty batch returns empty plans and launches nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import dispatch
+from . import validation as V
+from .layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES
+from .torch_backend import plans as torch_plans
+
+
+def _empty(rows_bytes: int, device: torch.device) -> torch.Tensor:
+    return torch.empty((0, rows_bytes), dtype=torch.uint8, device=device)
+
+
+class _PlanBase(tuple):
+    """Tuple-like plan: ``plan[0]`` is the ratio, ``plan[1:]`` the plan tensors."""
+
+    is_decode: bool
+    is_online: bool | None  # None: built from raw tensors, kind unknown
+
+    @property
+    def compress_ratio(self) -> int:
+        return self[0]
+
+    def copy_(self, other: "_PlanBase") -> "_PlanBase":
+        """Copy ``other``'s plan bytes into this plan's tensors (CUDA-graph replay)."""
+        if type(other) is not type(self):
+            V.fail("other", type(self).__name__, type(other).__name__, TypeError)
+        if other.compress_ratio != self.compress_ratio:
+            V.fail("other", f"compress_ratio {self.compress_ratio}", other.compress_ratio)
+        for i, (dst, src) in enumerate(zip(self[1:], other[1:]), start=1):
+            if dst.shape != src.shape:
+                V.fail("other", f"plan[{i}] shape {tuple(dst.shape)} (pad with use_cuda_graph)", tuple(src.shape))
+        for dst, src in zip(self[1:], other[1:]):
+            dst.copy_(src, non_blocking=True)
+        return self
+
+
+class CompressorDecodePlan(_PlanBase):
+    """Decode plan: one 16-byte DecodePlan row per request."""
+
+    is_decode = True
+
+    def __new__(cls, compress_ratio: int, plan_d: torch.Tensor, *, is_online: bool | None = None):
+        self = super().__new__(cls, (compress_ratio, plan_d))
+        self.is_online = is_online
+        return self
+
+    @staticmethod
+    def generate(
+        compress_ratio: int,
+        req_pool_indices: torch.Tensor,
+        req_to_token: torch.Tensor,
+        full_to_state: torch.Tensor,
+        seq_lens: torch.Tensor,
+        swa_page_size: int,
+        ring_size: int,
+        use_req_ring: bool = False,
+    ) -> "CompressorDecodePlan":
+        ratio = V.check_ratio(compress_ratio)
+        device = V.check_world(req_pool_indices, req_to_token, full_to_state)
+        seq = V.check_lengths("seq_lens", seq_lens, req_pool_indices.shape[0], device, allow_cpu=False)
+        paged = ratio == 4 and not use_req_ring
+        V.check_ring(ratio, ring_size, swa_page_size, use_req_ring, paged)
+        V.check_decode_lengths(seq)
+        V.check_positions_in_table(seq, req_to_token)
+        if seq.shape[0] == 0:
+            return CompressorDecodePlan(ratio, _empty(PLAN_ROW_BYTES, device), is_online=False)
+        args = (ratio, req_pool_indices, req_to_token, full_to_state, seq, swa_page_size, ring_size, use_req_ring)
+        if dispatch.use_jit(device, "plan"):
+            from .cuda_ops import plan_builder
+
+            plan_d = plan_builder.decode_plan(*args)
+        else:
+            plan_d = torch_plans.decode_plan(*args)
+        return CompressorDecodePlan(ratio, plan_d, is_online=False)
+
+    @staticmethod
+    def generate_online(
+        seq_lens: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        req_to_token: torch.Tensor,
+        state_slot_offset: int = 0,
+    ) -> "CompressorDecodePlan":
+        device = V.check_world(req_pool_indices, req_to_token, None)
+        seq = V.check_lengths("seq_lens", seq_lens, req_pool_indices.shape[0], device, allow_cpu=False)
+        V.check_int("state_slot_offset", state_slot_offset, minimum=0)
+        V.check_decode_lengths(seq)
+        if seq.shape[0] == 0:
+            return CompressorDecodePlan(128, _empty(PLAN_ROW_BYTES, device), is_online=True)
+        if dispatch.use_jit(device, "plan"):
+            from .cuda_ops import plan_builder
+
+            plan_d = plan_builder.online_decode_plan(seq, req_pool_indices, state_slot_offset)
+        else:
+            plan_d = torch_plans.online_decode_plan(seq, req_pool_indices, state_slot_offset)
+        return CompressorDecodePlan(128, plan_d, is_online=True)
+
+
+class CompressorPrefillPlan(_PlanBase):
+    """Prefill plan: CompressPlan rows (one per event) and WritePlan rows (one per kept token)."""
+
+    is_decode = False
+
+    def __new__(
+        cls, compress_ratio: int, plan_c: torch.Tensor, plan_w: torch.Tensor, *, is_online: bool | None = None
+    ):
+        self = super().__new__(cls, (compress_ratio, plan_c, plan_w))
+        if is_online is None and isinstance(plan_w, torch.Tensor) and plan_w.dim() == 2:
+            is_online = plan_w.shape[1] == PLAN_ROW_BYTES
+        self.is_online = is_online
+        return self
+
+    @staticmethod
+    def generate(
+        compress_ratio: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        extend_lens: torch.Tensor,
+        req_to_token: torch.Tensor,
+        full_to_state: torch.Tensor,
+        swa_page_size: int,
+        ring_size: int,
+        num_q_tokens: int,
+        use_cuda_graph: bool = False,
+        use_req_ring: bool = False,
+    ) -> "CompressorPrefillPlan":
+        ratio = V.check_ratio(compress_ratio)
+        device = V.check_world(req_pool_indices, req_to_token, full_to_state)
+        batch = req_pool_indices.shape[0]
+        seq = V.check_lengths("seq_lens", seq_lens, batch, device, allow_cpu=True)
+        ext = V.check_lengths("extend_lens", extend_lens, batch, seq.device, allow_cpu=False)
+        if not isinstance(use_cuda_graph, bool):
+            V.fail("use_cuda_graph", "a bool", repr(use_cuda_graph), TypeError)
+        V.check_ring(ratio, ring_size, swa_page_size, use_req_ring, ratio == 4 and not use_req_ring)
+        host_lengths = seq.device.type == "cpu"
+        V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=host_lengths)
+        V.check_positions_in_table(seq, req_to_token)
+        if batch == 0 or num_q_tokens == 0:
+            return CompressorPrefillPlan(
+                ratio, _empty(PLAN_ROW_BYTES, device), _empty(WRITE_ROW_BYTES, device), is_online=False
+            )
+        world = (req_to_token, full_to_state, swa_page_size, ring_size)
+        if dispatch.use_jit(device, "plan"):
+            from .cuda_ops import plan_builder
+
+            if host_lengths:
+                plan_c, plan_w = _host_stage0(ratio, seq, ext, swa_page_size, ring_size, use_req_ring, device,
+                                              num_q_tokens if use_cuda_graph else None, online=False)
+                plan_builder.prefill_stage1(ratio, plan_c, plan_w, req_pool_indices, *world, use_req_ring)
+            else:
+                plan_c, plan_w = plan_builder.prefill_plan_device(
+                    ratio, req_pool_indices, seq, ext, *world, num_q_tokens, use_req_ring
+                )
+        else:
+            # Device-resident lengths (the CUDA-graph path) pad both lists to num_q_tokens, as the GPU planner does.
+            plan_c, plan_w = torch_plans.prefill_plan(
+                ratio, req_pool_indices, seq, ext, *world, num_q_tokens,
+                use_cuda_graph or not host_lengths, use_req_ring,
+            )
+        return CompressorPrefillPlan(ratio, plan_c, plan_w, is_online=False)
+
+    @staticmethod
+    def generate_online(
+        seq_lens: torch.Tensor,
+        extend_lens: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        req_to_token: torch.Tensor,
+        num_q_tokens: int,
+        use_cuda_graph: bool = False,
+        state_slot_offset: int = 0,
+    ) -> "CompressorPrefillPlan":
+        device = V.check_world(req_pool_indices, req_to_token, None)
+        batch = req_pool_indices.shape[0]
+        seq = V.check_lengths("seq_lens", seq_lens, batch, device, allow_cpu=True)
+        ext = V.check_lengths("extend_lens", extend_lens, batch, seq.device, allow_cpu=False)
+        if not isinstance(use_cuda_graph, bool):
+            V.fail("use_cuda_graph", "a bool", repr(use_cuda_graph), TypeError)
+        V.check_int("state_slot_offset", state_slot_offset, minimum=0)
+        # Online segments are cut on the host (a sync if the lengths live on the GPU, as in the peer).
+        seq, ext = seq.cpu(), ext.cpu()
+        V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=True)
+        V.check_positions_in_table(seq, req_to_token)
+        if batch == 0 or num_q_tokens == 0:
+            return CompressorPrefillPlan(
+                128, _empty(PLAN_ROW_BYTES, device), _empty(PLAN_ROW_BYTES, device), is_online=True
+            )
+        if dispatch.use_jit(device, "plan"):
+            from .cuda_ops import plan_builder
+
+            plan_c, plan_w = _host_stage0(128, seq, ext, 0, 1, True, device,
+                                          num_q_tokens if use_cuda_graph else None, online=True)
+            plan_builder.online_prefill_stage1(plan_c, plan_w, req_pool_indices, state_slot_offset)
+        else:
+            plan_c, plan_w = torch_plans.online_prefill_plan(
+                seq, ext, req_pool_indices, num_q_tokens, use_cuda_graph, state_slot_offset
+            )
+        return CompressorPrefillPlan(128, plan_c, plan_w, is_online=True)
+
+
+def _host_stage0(
+    ratio: int,
+    seq: torch.Tensor,
+    ext: torch.Tensor,
+    swa_page_size: int,
+    ring_size: int,
+    use_req_ring: bool,
+    device: torch.device,
+    pad_to: int | None,
+    *,
+    online: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 0 on the host, padded for CUDA graphs if asked, copied to ``device`` asynchronously."""
+    from .layouts import INVALID_COMPRESS_ROW, INVALID_WRITE_ROW
+    from .torch_backend.rows import pad_rows
+
+    if online:
+        plan_c, plan_w = torch_plans.online_prefill_stage0(seq, ext)
+        w_sentinel = INVALID_COMPRESS_ROW
+    else:
+        plan_c, plan_w = torch_plans.prefill_stage0(ratio, seq, ext, swa_page_size, ring_size, use_req_ring)
+        w_sentinel = INVALID_WRITE_ROW
+    if pad_to is not None:
+        plan_c = pad_rows(plan_c, pad_to, INVALID_COMPRESS_ROW)
+        plan_w = pad_rows(plan_w, pad_to, w_sentinel)
+    # Pinned staging: the tensors stay referenced by the copy's stream order via torch's caching host allocator.
+    return (
+        plan_c.pin_memory().to(device, non_blocking=True),
+        plan_w.pin_memory().to(device, non_blocking=True),
+    )
