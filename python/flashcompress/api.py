@@ -53,8 +53,8 @@ def compress_forward(
         V.fail("is_online", "a bool", repr(is_online), TypeError)
     if is_online and ratio != 128:
         V.fail("is_online", "False unless compress_ratio is 128", f"True with compress_ratio {ratio}")
-    head_dim = V.check_head_dim(head_dim, ratio, is_online)
     plan = _check_plan(plan, ratio)
+    head_dim = V.check_head_dim(head_dim, ratio, is_online)
     if plan.is_online is not None and plan.is_online != is_online:
         made = "generate_online" if plan.is_online else "generate"
         V.fail("is_online", f"{plan.is_online} (the plan was built by {made})", is_online)
