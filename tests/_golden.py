@@ -1,0 +1,14 @@
+"""Loader for the golden vectors copied into ``tests/data/golden`` (see its README)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+GOLDEN_DIR = Path(__file__).parent / "data" / "golden"
+
+
+def load_golden(relpath: str) -> dict:
+    """``torch.load`` of ``tests/data/golden/<relpath>`` (a flat dict of tensors and scalars)."""
+    return torch.load(GOLDEN_DIR / relpath, weights_only=True)
