@@ -1,0 +1,150 @@
+// flashcompress: argument checks for tvm-ffi binding TUs (host code, compiled by the host
+// compiler; never include this from a .cu file: the tvm-ffi headers are slow under nvcc).
+//
+// Each check raises a Python exception through TVM_FFI_CHECK with a message that names the
+// argument, the expectation and the actual value, e.g.
+//   TypeError:  plan_c: expected dtype uint8, got int32
+//   ValueError: seq_lens: expected shape [3], got [4]
+//   ValueError: req_pool_indices: expected device cuda:0, got cpu:0
+// Wrong dtypes raise TypeError; everything else (shape, device, layout, alignment, ranges)
+// raises ValueError.
+#pragma once
+
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/dtype.h>
+#include <tvm/ffi/error.h>
+
+#include <cstdint>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+
+namespace flashcompress {
+namespace ffi_check {
+
+using tvm::ffi::TensorView;
+
+inline constexpr DLDataType kInt32{kDLInt, 32, 1};
+inline constexpr DLDataType kInt64{kDLInt, 64, 1};
+inline constexpr DLDataType kUInt8{kDLUInt, 8, 1};
+inline constexpr DLDataType kFloat32{kDLFloat, 32, 1};
+inline constexpr DLDataType kBFloat16{kDLBfloat, 16, 1};
+
+// Matches any size in check_shape.
+inline constexpr int64_t kAnySize = -1;
+
+inline bool same_dtype(DLDataType a, DLDataType b) {
+  return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
+
+inline std::string dtype_name(DLDataType t) {
+  return std::string(tvm::ffi::DLDataTypeToString(t).c_str());
+}
+
+inline std::string device_type_name(int32_t device_type) {
+  switch (device_type) {
+    case kDLCPU: return "cpu";
+    case kDLCUDA: return "cuda";
+    case kDLCUDAHost: return "cuda_host";
+    case kDLCUDAManaged: return "cuda_managed";
+    case kDLROCM: return "rocm";
+    case kDLROCMHost: return "rocm_host";
+    default: return "device_type_" + std::to_string(device_type);
+  }
+}
+
+inline std::string device_name(DLDevice d) {
+  return device_type_name(static_cast<int32_t>(d.device_type)) + ":" + std::to_string(d.device_id);
+}
+
+inline std::string shape_string(const TensorView& t) {
+  std::ostringstream os;
+  os << "[";
+  for (int32_t i = 0; i < t.ndim(); ++i) os << (i ? ", " : "") << t.size(i);
+  os << "]";
+  return os.str();
+}
+
+inline std::string shape_string(std::initializer_list<int64_t> dims) {
+  std::ostringstream os;
+  os << "[";
+  int i = 0;
+  for (int64_t d : dims) {
+    os << (i++ ? ", " : "");
+    if (d == kAnySize) {
+      os << "*";
+    } else {
+      os << d;
+    }
+  }
+  os << "]";
+  return os.str();
+}
+
+inline void check_dtype(const TensorView& t, const char* name, DLDataType expected) {
+  TVM_FFI_CHECK(same_dtype(t.dtype(), expected), TypeError)
+      << name << ": expected dtype " << dtype_name(expected) << ", got " << dtype_name(t.dtype());
+}
+
+inline void check_ndim(const TensorView& t, const char* name, int32_t ndim) {
+  TVM_FFI_CHECK(t.ndim() == ndim, ValueError)
+      << name << ": expected a " << ndim << "-D tensor, got " << t.ndim() << "-D with shape "
+      << shape_string(t);
+}
+
+// Exact shape; kAnySize matches any extent.
+inline void check_shape(const TensorView& t, const char* name,
+                        std::initializer_list<int64_t> dims) {
+  bool ok = t.ndim() == static_cast<int32_t>(dims.size());
+  if (ok) {
+    int32_t i = 0;
+    for (int64_t d : dims) {
+      if (d != kAnySize && t.size(i) != d) ok = false;
+      ++i;
+    }
+  }
+  TVM_FFI_CHECK(ok, ValueError) << name << ": expected shape " << shape_string(dims) << ", got "
+                                << shape_string(t);
+}
+
+inline void check_contiguous(const TensorView& t, const char* name) {
+  TVM_FFI_CHECK(t.IsContiguous(), ValueError)
+      << name << ": expected a contiguous tensor (shape " << shape_string(t) << ")";
+}
+
+inline void check_device_type(const TensorView& t, const char* name, DLDeviceType type) {
+  TVM_FFI_CHECK(t.device().device_type == type, ValueError)
+      << name << ": expected a " << device_type_name(static_cast<int32_t>(type))
+      << " tensor, got one on " << device_name(t.device());
+}
+
+inline void check_same_device(const TensorView& t, const char* name, DLDevice expected) {
+  const DLDevice d = t.device();
+  TVM_FFI_CHECK(d.device_type == expected.device_type && d.device_id == expected.device_id,
+                ValueError)
+      << name << ": expected device " << device_name(expected) << ", got " << device_name(d);
+}
+
+inline void check_aligned(const TensorView& t, const char* name, uint64_t bytes) {
+  const uint64_t addr = reinterpret_cast<uint64_t>(t.data_ptr()) + t.byte_offset();
+  TVM_FFI_CHECK(t.numel() == 0 || addr % bytes == 0, ValueError)
+      << name << ": data must be " << bytes << "-byte aligned (address 0x" << std::hex << addr
+      << std::dec << ")";
+}
+
+inline void check_range(int64_t value, const char* name, int64_t lo, int64_t hi) {
+  TVM_FFI_CHECK(value >= lo && value <= hi, ValueError)
+      << name << ": expected a value in [" << lo << ", " << hi << "], got " << value;
+}
+
+// dtype + exact shape + contiguity + device in one call (the common case).
+inline void check_tensor(const TensorView& t, const char* name, DLDataType dtype,
+                         std::initializer_list<int64_t> dims, DLDevice device) {
+  check_dtype(t, name, dtype);
+  check_shape(t, name, dims);
+  check_contiguous(t, name);
+  check_same_device(t, name, device);
+}
+
+}  // namespace ffi_check
+}  // namespace flashcompress

@@ -1,0 +1,382 @@
+// flashcompress: tvm-ffi binding of the `plan` JIT family (host code, compiled by the host
+// compiler; included only by the binding TU rendered from templates/plan_binding.cpp.j2, never
+// by a .cu file: the tvm-ffi headers are slow under nvcc).
+//
+// PlanBinding<kRatio, kOnline, kDevice, launch_decode, launch_prefill_stage1,
+// launch_prefill_device> holds the four exports of one variant as static member functions. The
+// launchers are plain functions defined in the kernel TU (templates/plan_kernel.cu.j2), one per
+// export, taking the launch-argument struct of jit_kernel/plan.cuh and a stream:
+//   cudaError_t launch_decode(const DecodeArgs&, cudaStream_t)          (Online* when online)
+//   cudaError_t launch_prefill_stage1(const PrefillStage1Args&, cudaStream_t)
+//   cudaError_t launch_prefill_device(const PrefillDeviceArgs&, cudaStream_t)
+//
+// Every export checks every tensor argument (ffi_check.h: TypeError for a wrong dtype,
+// ValueError for everything else, the message naming the argument) before anything runs,
+// never reads device memory, takes the caller's stream (TVMFFIEnvGetStream) and launches on the
+// device of its first output. Outputs are pre-allocated by the caller. All tensors are
+// contiguous and live on that one device unless noted. Python: cuda_ops/plan_builder.py.
+//
+// Exports of the regular variants (kOnline = false; ratio 4 or 128):
+//   decode(out u8[B,16], req_pool_indices i64[B], req_to_token i32[R,L], full_to_state i64[F],
+//          seq_lens i64[B], swa_page_size, ring_size, use_req_ring)
+//   prefill_stage1(plan_c u8[Nc,16], plan_w u8[Nw,8], num_c, num_w, req_pool_indices i64[B],
+//                  req_to_token i32[R,L], full_to_state i64[F], swa_page_size, ring_size,
+//                  use_req_ring)
+//   prefill_device(plan_c u8[N,16], plan_w u8[N,8], workspace i64[3(B+1)],
+//                  req_pool_indices i64[B], seq_lens i64[B], extend_lens i64[B],
+//                  req_to_token i32[R,L], full_to_state i64[F], swa_page_size, ring_size,
+//                  use_req_ring)
+// Exports of the online variant (kOnline = true; ratio 128):
+//   decode(out u8[B,16], req_pool_indices i64[B], seq_lens i64[B], state_slot_offset)
+//   prefill_stage1(plan_c u8[Nc,16], plan_w u8[Nw,16], num_c, num_w, req_pool_indices i64[B],
+//                  state_slot_offset)
+//   prefill_device(plan_c u8[N,16], plan_w u8[N,16], workspace i64[3(B+1)],
+//                  req_pool_indices i64[B], seq_lens i64[B], extend_lens i64[B],
+//                  state_slot_offset)
+// Both:
+//   layout_info() -> str, JSON of the C++ plan layouts (host only; no GPU needed)
+//
+// Argument details:
+//   plan rows (out, plan_c, plan_w): uint8 [rows, row bytes], aligned to the row size.
+//   num_c in [0, Nc], num_w in [0, Nw]: rows before them are stage-0 rows, later rows padding.
+//   req_pool_indices of prefill_stage1 may have any length B (1-D int64).
+//   prefill_device: N (= num_q_tokens) and B in [0, 65536].
+//   Scalars are int64 (use_req_ring: bool); ring_size in [1, INT32_MAX], state_slot_offset in
+//   [0, INT32_MAX].
+//   req_to_token / full_to_state: only dtype, rank and device are checked when the request
+//   ring is used (use_req_ring, or ratio 128, which always uses it; the tables may then be
+//   empty); paged addressing also needs them contiguous and swa_page_size in [1, INT32_MAX].
+//   Empty outputs (B = 0, Nc = Nw = 0, N = 0) return after the checks without a launch.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+#include <tvm/ffi/extra/cuda/base.h>
+#include <tvm/ffi/extra/cuda/device_guard.h>
+#include <tvm/ffi/string.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <type_traits>
+
+#include "ffi_check.h"
+#include "plan.cuh"
+
+namespace flashcompress {
+namespace plan_binding {
+
+namespace chk = ::flashcompress::ffi_check;
+using tvm::ffi::TensorView;
+
+inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+// The type of a kernel-TU launcher taking the argument struct Args.
+template <typename Args>
+using Launcher = cudaError_t (*)(const Args&, cudaStream_t);
+
+inline cudaStream_t stream_of(DLDevice device) {
+  return static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+}
+
+// The device of the first output; every other tensor must live there.
+inline DLDevice output_device(const TensorView& t, const char* name, DLDeviceType device_type) {
+  chk::check_device_type(t, name, device_type);
+  return t.device();
+}
+
+// uint8 [rows, row_bytes], contiguous, row-aligned; returns rows.
+inline int64_t check_plan_rows(const TensorView& t, const char* name, int64_t row_bytes,
+                               DLDevice dev) {
+  chk::check_tensor(t, name, chk::kUInt8, {chk::kAnySize, row_bytes}, dev);
+  chk::check_aligned(t, name, static_cast<uint64_t>(row_bytes));
+  return t.size(0);
+}
+
+inline void check_index_vector(const TensorView& t, const char* name, int64_t n, DLDevice dev) {
+  chk::check_tensor(t, name, chk::kInt64, {n}, dev);
+}
+
+// Checks the addressing tables and scalars of the regular variants; see StateAddressing.
+template <int kRatio>
+StateAddressing make_addressing(const TensorView& req_to_token, const TensorView& full_to_state,
+                                int64_t swa_page_size, int64_t ring_size, bool use_req_ring,
+                                DLDevice dev) {
+  chk::check_dtype(req_to_token, "req_to_token", chk::kInt32);
+  chk::check_ndim(req_to_token, "req_to_token", 2);
+  chk::check_same_device(req_to_token, "req_to_token", dev);
+  chk::check_dtype(full_to_state, "full_to_state", chk::kInt64);
+  chk::check_ndim(full_to_state, "full_to_state", 1);
+  chk::check_same_device(full_to_state, "full_to_state", dev);
+  chk::check_range(ring_size, "ring_size", 1, kInt32Max);
+  StateAddressing addr{};
+  addr.req_ring = kRatio != 4 || use_req_ring;  // ratio 128 always uses the request ring
+  addr.ring_size = ring_size;
+  addr.swa_page_size = swa_page_size;
+  addr.req_to_token = static_cast<const int32_t*>(req_to_token.data_ptr());
+  addr.full_to_state = static_cast<const int64_t*>(full_to_state.data_ptr());
+  addr.req_to_token_stride = 0;
+  if (!addr.req_ring) {
+    chk::check_range(swa_page_size, "swa_page_size", 1, kInt32Max);
+    chk::check_contiguous(req_to_token, "req_to_token");
+    chk::check_contiguous(full_to_state, "full_to_state");
+    addr.req_to_token_stride = req_to_token.size(1);
+  }
+  return addr;
+}
+
+template <typename T>
+std::string hex_bytes(const T& value) {
+  unsigned char bytes[sizeof(T)];
+  std::memcpy(bytes, &value, sizeof(T));
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += digits[c >> 4];
+    out += digits[c & 15];
+  }
+  return out;
+}
+
+// The C++ side of layouts.py, for tests that compare the two (no GPU involved).
+template <int kRatio, bool kOnline>
+tvm::ffi::String layout_json() {
+  std::ostringstream os;
+  os << "{\"ratio\": " << kRatio << ", \"online\": " << (kOnline ? "true" : "false")
+     << ", \"window\": " << window_size(kRatio)
+     << ", \"max_ragged_id\": " << kMaxRaggedId
+     << ", \"DecodePlan\": {\"size\": " << sizeof(DecodePlan)
+     << ", \"align\": " << alignof(DecodePlan)
+     << ", \"fields\": {\"seq_len\": [" << offsetof(DecodePlan, seq_len) << ", 4]"
+     << ", \"write_loc\": [" << offsetof(DecodePlan, write_loc) << ", 4]"
+     << ", \"read_page_0\": [" << offsetof(DecodePlan, read_page_0) << ", 4]"
+     << ", \"read_page_1\": [" << offsetof(DecodePlan, read_page_1) << ", 4]}}"
+     << ", \"CompressPlan\": {\"size\": " << sizeof(CompressPlan)
+     << ", \"align\": " << alignof(CompressPlan)
+     << ", \"fields\": {\"seq_len\": [" << offsetof(CompressPlan, seq_len) << ", 4]"
+     << ", \"ragged_id\": [" << offsetof(CompressPlan, ragged_id) << ", 2]"
+     << ", \"buffer_len\": [" << offsetof(CompressPlan, buffer_len) << ", 2]"
+     << ", \"read_page_0\": [" << offsetof(CompressPlan, read_page_0) << ", 4]"
+     << ", \"read_page_1\": [" << offsetof(CompressPlan, read_page_1) << ", 4]}}"
+     << ", \"WritePlan\": {\"size\": " << sizeof(WritePlan)
+     << ", \"align\": " << alignof(WritePlan)
+     << ", \"fields\": {\"ragged_id\": [" << offsetof(WritePlan, ragged_id) << ", 4]"
+     << ", \"write_loc\": [" << offsetof(WritePlan, write_loc) << ", 4]}}"
+     << ", \"invalid_compress_row\": \"" << hex_bytes(invalid_compress_plan()) << "\""
+     << ", \"invalid_write_row\": \"" << hex_bytes(invalid_write_plan()) << "\"}";
+  return tvm::ffi::String(os.str());
+}
+
+// The exports of one variant; defined for kOnline = false and kOnline = true below.
+template <int kRatio, bool kOnline, DLDeviceType kDevice, auto kLaunchDecode,
+          auto kLaunchPrefillStage1, auto kLaunchPrefillDevice>
+struct PlanBinding;
+
+// ------------------------------------------------------------------------------------------
+// Regular variants (ratio 4 or 128; paged or request-ring state addressing)
+// ------------------------------------------------------------------------------------------
+
+template <int kRatio, DLDeviceType kDevice, auto kLaunchDecode, auto kLaunchPrefillStage1,
+          auto kLaunchPrefillDevice>
+struct PlanBinding<kRatio, false, kDevice, kLaunchDecode, kLaunchPrefillStage1,
+                   kLaunchPrefillDevice> {
+  static_assert(kRatio == 4 || kRatio == 128, "compress ratio must be 4 or 128");
+  static_assert(std::is_same_v<decltype(kLaunchDecode), Launcher<DecodeArgs>>,
+                "launch_decode must be cudaError_t (const DecodeArgs&, cudaStream_t)");
+  static_assert(std::is_same_v<decltype(kLaunchPrefillStage1), Launcher<PrefillStage1Args>>,
+                "launch_prefill_stage1 must be cudaError_t "
+                "(const PrefillStage1Args&, cudaStream_t)");
+  static_assert(std::is_same_v<decltype(kLaunchPrefillDevice), Launcher<PrefillDeviceArgs>>,
+                "launch_prefill_device must be cudaError_t "
+                "(const PrefillDeviceArgs&, cudaStream_t)");
+
+  static void decode(TensorView out, TensorView req_pool_indices, TensorView req_to_token,
+                     TensorView full_to_state, TensorView seq_lens, int64_t swa_page_size,
+                     int64_t ring_size, bool use_req_ring) {
+    const DLDevice dev = output_device(out, "out", kDevice);
+    const int64_t batch = check_plan_rows(out, "out", kDecodePlanBytes, dev);
+    check_index_vector(req_pool_indices, "req_pool_indices", batch, dev);
+    check_index_vector(seq_lens, "seq_lens", batch, dev);
+    DecodeArgs args{};
+    args.addr = make_addressing<kRatio>(req_to_token, full_to_state, swa_page_size, ring_size,
+                                        use_req_ring, dev);
+    if (batch == 0) return;
+    args.out = static_cast<DecodePlan*>(out.data_ptr());
+    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
+    args.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
+    args.batch = batch;
+    tvm::ffi::CUDADeviceGuard guard(dev.device_id);
+    TVM_FFI_CHECK_CUDA_ERROR(kLaunchDecode(args, stream_of(dev)));
+  }
+
+  static void prefill_stage1(TensorView plan_c, TensorView plan_w, int64_t num_c, int64_t num_w,
+                             TensorView req_pool_indices, TensorView req_to_token,
+                             TensorView full_to_state, int64_t swa_page_size, int64_t ring_size,
+                             bool use_req_ring) {
+    const DLDevice dev = output_device(plan_c, "plan_c", kDevice);
+    const int64_t rows_c = check_plan_rows(plan_c, "plan_c", kCompressPlanBytes, dev);
+    const int64_t rows_w = check_plan_rows(plan_w, "plan_w", kWritePlanBytes, dev);
+    chk::check_range(num_c, "num_c", 0, rows_c);
+    chk::check_range(num_w, "num_w", 0, rows_w);
+    chk::check_dtype(req_pool_indices, "req_pool_indices", chk::kInt64);
+    chk::check_ndim(req_pool_indices, "req_pool_indices", 1);
+    chk::check_contiguous(req_pool_indices, "req_pool_indices");
+    chk::check_same_device(req_pool_indices, "req_pool_indices", dev);
+    PrefillStage1Args args{};
+    args.addr = make_addressing<kRatio>(req_to_token, full_to_state, swa_page_size, ring_size,
+                                        use_req_ring, dev);
+    if (rows_c == 0 && rows_w == 0) return;
+    args.plan_c = static_cast<CompressPlan*>(plan_c.data_ptr());
+    args.plan_w = static_cast<WritePlan*>(plan_w.data_ptr());
+    args.rows_c = rows_c;
+    args.num_c = num_c;
+    args.rows_w = rows_w;
+    args.num_w = num_w;
+    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
+    args.batch = req_pool_indices.size(0);
+    tvm::ffi::CUDADeviceGuard guard(dev.device_id);
+    TVM_FFI_CHECK_CUDA_ERROR(kLaunchPrefillStage1(args, stream_of(dev)));
+  }
+
+  static void prefill_device(TensorView plan_c, TensorView plan_w, TensorView workspace,
+                             TensorView req_pool_indices, TensorView seq_lens,
+                             TensorView extend_lens, TensorView req_to_token,
+                             TensorView full_to_state, int64_t swa_page_size, int64_t ring_size,
+                             bool use_req_ring) {
+    const DLDevice dev = output_device(plan_c, "plan_c", kDevice);
+    const int64_t rows = check_plan_rows(plan_c, "plan_c", kCompressPlanBytes, dev);
+    chk::check_range(rows, "num_q_tokens (plan_c.shape[0])", 0, kMaxRaggedId);
+    chk::check_tensor(plan_w, "plan_w", chk::kUInt8, {rows, kWritePlanBytes}, dev);
+    chk::check_aligned(plan_w, "plan_w", kWritePlanBytes);
+    chk::check_dtype(req_pool_indices, "req_pool_indices", chk::kInt64);
+    chk::check_ndim(req_pool_indices, "req_pool_indices", 1);
+    const int64_t batch = req_pool_indices.size(0);
+    chk::check_range(batch, "batch size", 0, kMaxRaggedId);
+    check_index_vector(req_pool_indices, "req_pool_indices", batch, dev);
+    check_index_vector(seq_lens, "seq_lens", batch, dev);
+    check_index_vector(extend_lens, "extend_lens", batch, dev);
+    chk::check_tensor(workspace, "workspace", chk::kInt64, {prefill_workspace_size(batch)}, dev);
+    PrefillDeviceArgs args{};
+    args.addr = make_addressing<kRatio>(req_to_token, full_to_state, swa_page_size, ring_size,
+                                        use_req_ring, dev);
+    if (rows == 0) return;
+    args.plan_c = static_cast<CompressPlan*>(plan_c.data_ptr());
+    args.plan_w = static_cast<WritePlan*>(plan_w.data_ptr());
+    args.num_rows = rows;
+    args.workspace = static_cast<int64_t*>(workspace.data_ptr());
+    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
+    args.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
+    args.extend_lens = static_cast<const int64_t*>(extend_lens.data_ptr());
+    args.batch = batch;
+    tvm::ffi::CUDADeviceGuard guard(dev.device_id);
+    TVM_FFI_CHECK_CUDA_ERROR(kLaunchPrefillDevice(args, stream_of(dev)));
+  }
+
+  static tvm::ffi::String layout_info() { return layout_json<kRatio, false>(); }
+};
+
+// ------------------------------------------------------------------------------------------
+// Online C128 variant (state slots rid + state_slot_offset; no addressing tables)
+// ------------------------------------------------------------------------------------------
+
+template <int kRatio, DLDeviceType kDevice, auto kLaunchDecode, auto kLaunchPrefillStage1,
+          auto kLaunchPrefillDevice>
+struct PlanBinding<kRatio, true, kDevice, kLaunchDecode, kLaunchPrefillStage1,
+                   kLaunchPrefillDevice> {
+  static_assert(kRatio == 128, "online compression exists only for ratio 128");
+  static_assert(std::is_same_v<decltype(kLaunchDecode), Launcher<OnlineDecodeArgs>>,
+                "launch_decode must be cudaError_t (const OnlineDecodeArgs&, cudaStream_t)");
+  static_assert(
+      std::is_same_v<decltype(kLaunchPrefillStage1), Launcher<OnlinePrefillStage1Args>>,
+      "launch_prefill_stage1 must be cudaError_t (const OnlinePrefillStage1Args&, cudaStream_t)");
+  static_assert(
+      std::is_same_v<decltype(kLaunchPrefillDevice), Launcher<OnlinePrefillDeviceArgs>>,
+      "launch_prefill_device must be cudaError_t (const OnlinePrefillDeviceArgs&, cudaStream_t)");
+
+  static void decode(TensorView out, TensorView req_pool_indices, TensorView seq_lens,
+                     int64_t state_slot_offset) {
+    const DLDevice dev = output_device(out, "out", kDevice);
+    const int64_t batch = check_plan_rows(out, "out", kDecodePlanBytes, dev);
+    check_index_vector(req_pool_indices, "req_pool_indices", batch, dev);
+    check_index_vector(seq_lens, "seq_lens", batch, dev);
+    chk::check_range(state_slot_offset, "state_slot_offset", 0, kInt32Max);
+    if (batch == 0) return;
+    OnlineDecodeArgs args{};
+    args.out = static_cast<DecodePlan*>(out.data_ptr());
+    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
+    args.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
+    args.batch = batch;
+    args.state_slot_offset = state_slot_offset;
+    tvm::ffi::CUDADeviceGuard guard(dev.device_id);
+    TVM_FFI_CHECK_CUDA_ERROR(kLaunchDecode(args, stream_of(dev)));
+  }
+
+  static void prefill_stage1(TensorView plan_c, TensorView plan_w, int64_t num_c, int64_t num_w,
+                             TensorView req_pool_indices, int64_t state_slot_offset) {
+    const DLDevice dev = output_device(plan_c, "plan_c", kDevice);
+    const int64_t rows_c = check_plan_rows(plan_c, "plan_c", kCompressPlanBytes, dev);
+    const int64_t rows_w = check_plan_rows(plan_w, "plan_w", kCompressPlanBytes, dev);
+    chk::check_range(num_c, "num_c", 0, rows_c);
+    chk::check_range(num_w, "num_w", 0, rows_w);
+    chk::check_dtype(req_pool_indices, "req_pool_indices", chk::kInt64);
+    chk::check_ndim(req_pool_indices, "req_pool_indices", 1);
+    chk::check_contiguous(req_pool_indices, "req_pool_indices");
+    chk::check_same_device(req_pool_indices, "req_pool_indices", dev);
+    chk::check_range(state_slot_offset, "state_slot_offset", 0, kInt32Max);
+    if (rows_c == 0 && rows_w == 0) return;
+    OnlinePrefillStage1Args args{};
+    args.plan_c = static_cast<CompressPlan*>(plan_c.data_ptr());
+    args.plan_w = static_cast<CompressPlan*>(plan_w.data_ptr());
+    args.rows_c = rows_c;
+    args.num_c = num_c;
+    args.rows_w = rows_w;
+    args.num_w = num_w;
+    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
+    args.batch = req_pool_indices.size(0);
+    args.state_slot_offset = state_slot_offset;
+    tvm::ffi::CUDADeviceGuard guard(dev.device_id);
+    TVM_FFI_CHECK_CUDA_ERROR(kLaunchPrefillStage1(args, stream_of(dev)));
+  }
+
+  static void prefill_device(TensorView plan_c, TensorView plan_w, TensorView workspace,
+                             TensorView req_pool_indices, TensorView seq_lens,
+                             TensorView extend_lens, int64_t state_slot_offset) {
+    const DLDevice dev = output_device(plan_c, "plan_c", kDevice);
+    const int64_t rows = check_plan_rows(plan_c, "plan_c", kCompressPlanBytes, dev);
+    chk::check_range(rows, "num_q_tokens (plan_c.shape[0])", 0, kMaxRaggedId);
+    chk::check_tensor(plan_w, "plan_w", chk::kUInt8, {rows, kCompressPlanBytes}, dev);
+    chk::check_aligned(plan_w, "plan_w", kCompressPlanBytes);
+    chk::check_dtype(req_pool_indices, "req_pool_indices", chk::kInt64);
+    chk::check_ndim(req_pool_indices, "req_pool_indices", 1);
+    const int64_t batch = req_pool_indices.size(0);
+    chk::check_range(batch, "batch size", 0, kMaxRaggedId);
+    check_index_vector(req_pool_indices, "req_pool_indices", batch, dev);
+    check_index_vector(seq_lens, "seq_lens", batch, dev);
+    check_index_vector(extend_lens, "extend_lens", batch, dev);
+    chk::check_tensor(workspace, "workspace", chk::kInt64, {prefill_workspace_size(batch)}, dev);
+    chk::check_range(state_slot_offset, "state_slot_offset", 0, kInt32Max);
+    if (rows == 0) return;
+    OnlinePrefillDeviceArgs args{};
+    args.plan_c = static_cast<CompressPlan*>(plan_c.data_ptr());
+    args.plan_w = static_cast<CompressPlan*>(plan_w.data_ptr());
+    args.num_rows = rows;
+    args.workspace = static_cast<int64_t*>(workspace.data_ptr());
+    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
+    args.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
+    args.extend_lens = static_cast<const int64_t*>(extend_lens.data_ptr());
+    args.batch = batch;
+    args.state_slot_offset = state_slot_offset;
+    tvm::ffi::CUDADeviceGuard guard(dev.device_id);
+    TVM_FFI_CHECK_CUDA_ERROR(kLaunchPrefillDevice(args, stream_of(dev)));
+  }
+
+  static tvm::ffi::String layout_info() { return layout_json<kRatio, true>(); }
+};
+
+}  // namespace plan_binding
+}  // namespace flashcompress

@@ -1,0 +1,550 @@
+// flashcompress: GPU builders of the compressor plans (spec/compressor.md §3-§4).
+//
+// Device code only: includes the CUDA runtime and plan.cuh, never tvm-ffi. Every output byte
+// equals what python/flashcompress/torch_backend/plans.py produces for the same inputs, in the
+// same row order (batch-major, then position-ascending); no atomics anywhere.
+//
+// Tensors (all on one GPU, contiguous unless stated):
+//   req_pool_indices  int64 [B]          request slot rid of batch entry b
+//   seq_lens          int64 [B]          tokens including this step's
+//   extend_lens       int64 [B]          prefill: tokens of this step (prefix = seq - extend)
+//   req_to_token      int32 [R, L]       full KV loc of (rid, p) (paged C4 only)
+//   full_to_state     int64 [F]          full loc -> SWA loc (paged C4)
+//   DecodePlan        uint8 [B, 16]
+//   CompressPlan      uint8 [rows, 16]   prefill compress list (and both online lists)
+//   WritePlan         uint8 [rows, 8]    prefill write list
+//   workspace         int64 [3 (B + 1)]  device prefill planners: per-request exclusive scans
+//
+// Kernels (one thread per output row unless stated):
+//   decode_kernel<r>            DecodePlan of request b
+//   online_decode_kernel<128>   online C128 DecodePlan of request b
+//   prefill_stage1_kernel<r>    resolves CPU-built stage-0 rows in place, sentinels the rest
+//   online_stage1_kernel<128>   same for the online lists
+//   prefill_scan_kernel<r, on>  ONE block: per-request token / compress / write counts in
+//                               closed form, exclusive scan over requests -> workspace
+//   prefill_rows_kernel<r>      one thread per ragged token: the token's final compress and
+//                               write rows at scan offset + rank within its request; rows past
+//                               the totals become sentinels
+//   online_prefill_rows_kernel<128> same for online segments
+//
+// Limits: prefill lists have at most 65536 rows (u16 ragged ids; checked by the binding). The
+// scan kernel loops over tiles of 1024 requests, so any batch size works (the API layer bounds
+// it by num_q_tokens). Device lengths are not validated (that would need a host sync): values
+// outside 0 <= extend <= seq are clamped and plan-row writes are bounds-checked, so bad lengths
+// give a meaningless plan but no out-of-bounds write. Paged table lookups (req_to_token,
+// full_to_state) trust positions < L and rids < R, as upstream does.
+//
+// Every per-row computation is a __host__ __device__ function taking the row index, so that a
+// host program can run exactly this code on the CPU (tests/native/plan_host_emulator.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "plan.cuh"
+
+namespace flashcompress {
+namespace plan {
+
+inline constexpr int kRowBlock = 256;      // threads per block of the one-thread-per-row kernels
+inline constexpr int kScanThreads = 1024;  // threads of the single-block scan kernel
+
+FC_HOST_DEVICE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
+FC_HOST_DEVICE int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+// ------------------------------------------------------------------------------------------
+// Addressing (§2.3)
+// ------------------------------------------------------------------------------------------
+
+FC_HOST_DEVICE int64_t state_row(const StateAddressing& a, int64_t rid, int64_t pos) {
+  if (a.req_ring) {
+    return rid * a.ring_size + pos % a.ring_size;
+  }
+  const int64_t full_loc = static_cast<int64_t>(a.req_to_token[rid * a.req_to_token_stride + pos]);
+  const int64_t swa_loc = a.full_to_state[full_loc];
+  return (swa_loc / a.swa_page_size) * a.ring_size + swa_loc % a.ring_size;
+}
+
+template <int kRatio>
+FC_HOST_DEVICE int32_t state_page(const StateAddressing& a, int64_t rid, int64_t pos) {
+  return static_cast<int32_t>(state_row(a, rid, pos) / kRatio);
+}
+
+// ------------------------------------------------------------------------------------------
+// Decode (§4.1)
+// ------------------------------------------------------------------------------------------
+
+template <int kRatio>
+FC_HOST_DEVICE void decode_row(const DecodeArgs& a, int64_t b) {
+  const int64_t rid = a.req_pool_indices[b];
+  const int64_t seq = a.seq_lens[b];
+  const int64_t p1 = seq - 1;
+  const int64_t p0 = max_i64(p1 - kRatio, 0);
+  const int64_t write_loc = state_row(a.addr, rid, p1);
+  DecodePlan row;
+  row.seq_len = static_cast<uint32_t>(seq);
+  row.write_loc = static_cast<int32_t>(write_loc);
+  row.read_page_0 = state_page<kRatio>(a.addr, rid, p0);
+  row.read_page_1 = static_cast<int32_t>(write_loc / kRatio);
+  a.out[b] = row;
+}
+
+FC_HOST_DEVICE void online_decode_row(const OnlineDecodeArgs& a, int64_t b) {
+  const int64_t slot = a.req_pool_indices[b] + a.state_slot_offset;
+  DecodePlan row;
+  row.seq_len = static_cast<uint32_t>(a.seq_lens[b]);
+  row.write_loc = static_cast<int32_t>(slot);
+  row.read_page_0 = static_cast<int32_t>(slot);
+  row.read_page_1 = -1;
+  a.out[b] = row;
+}
+
+// ------------------------------------------------------------------------------------------
+// Final compress / write rows from (batch b, rid, position p, ragged id) (§4.2 + §4.4)
+// ------------------------------------------------------------------------------------------
+
+// CompressPlan of the event at position p (p + 1 a multiple of r), j = p - prefix.
+template <int kRatio>
+FC_HOST_DEVICE CompressPlan final_compress_row(const StateAddressing& addr, int64_t b, int64_t rid,
+                                               int64_t pos, int64_t j, int64_t ragged_id) {
+  constexpr int64_t kWindow = window_size(kRatio);
+  CompressPlan row;
+  row.seq_len = static_cast<uint32_t>(pos + 1);
+  row.ragged_id = static_cast<uint16_t>(ragged_id);
+  const int64_t buffer_len = kWindow - min_i64(j + 1, kWindow);
+  row.buffer_len = static_cast<uint16_t>(buffer_len);
+  if (buffer_len > 0) {
+    row.read_page_0 = state_page<kRatio>(addr, rid, max_i64(pos - kRatio, 0));
+    row.read_page_1 = state_page<kRatio>(addr, rid, pos);
+  } else {  // stage-1 leaves the stage-0 placeholders on rows that read no buffer
+    row.read_page_0 = -1;
+    row.read_page_1 = static_cast<int32_t>(b);
+  }
+  return row;
+}
+
+// ------------------------------------------------------------------------------------------
+// Prefill stage 1 over CPU-built stage-0 rows (§4.4)
+// ------------------------------------------------------------------------------------------
+
+template <int kRatio>
+FC_HOST_DEVICE void prefill_stage1_row(const PrefillStage1Args& a, int64_t i) {
+  if (i < a.rows_c) {
+    if (i >= a.num_c) {
+      a.plan_c[i] = invalid_compress_plan();
+    } else {
+      CompressPlan row = a.plan_c[i];
+      if (row.seq_len == kInvalidU32) {
+        a.plan_c[i] = invalid_compress_plan();
+      } else if (row.buffer_len > 0) {
+        const int64_t b = row.read_page_1;
+        if (b >= 0 && b < a.batch) {  // stage 0 stores the batch index here
+          const int64_t rid = a.req_pool_indices[b];
+          const int64_t p1 = static_cast<int64_t>(row.seq_len) - 1;
+          row.read_page_0 = state_page<kRatio>(a.addr, rid, max_i64(p1 - kRatio, 0));
+          row.read_page_1 = state_page<kRatio>(a.addr, rid, p1);
+          a.plan_c[i] = row;
+        }
+      }  // valid rows with buffer_len == 0 keep (-1, b)
+    }
+  }
+  if (i < a.rows_w) {
+    if (i >= a.num_w) {
+      a.plan_w[i] = invalid_write_plan();
+    } else {
+      WritePlan row = a.plan_w[i];
+      if (row.ragged_id == kInvalidU32) {
+        a.plan_w[i] = invalid_write_plan();
+      } else {
+        const int64_t b = static_cast<int64_t>(row.ragged_id >> 16);
+        if (b < a.batch) {
+          const int64_t rid = a.req_pool_indices[b];
+          const int64_t pos = static_cast<int64_t>(row.write_loc) - 1;
+          row.ragged_id &= 0xFFFFu;
+          row.write_loc = static_cast<int32_t>(state_row(a.addr, rid, pos));
+          a.plan_w[i] = row;
+        }
+      }
+    }
+  }
+}
+
+FC_HOST_DEVICE void online_stage1_one(CompressPlan* plan, int64_t rows, int64_t num, int64_t i,
+                                      const int64_t* req_pool_indices, int64_t batch,
+                                      int64_t state_slot_offset) {
+  if (i >= rows) return;
+  if (i >= num) {
+    plan[i] = invalid_compress_plan();
+    return;
+  }
+  CompressPlan row = plan[i];
+  if (row.seq_len == kInvalidU32) {
+    plan[i] = invalid_compress_plan();
+    return;
+  }
+  const int64_t b = row.read_page_0;  // stage 0 stores the batch index here
+  if (b < 0 || b >= batch) return;
+  const int64_t rid = req_pool_indices[b];
+  row.read_page_0 = static_cast<int32_t>(rid + state_slot_offset);
+  row.read_page_1 = static_cast<int32_t>(rid);
+  plan[i] = row;
+}
+
+FC_HOST_DEVICE void online_stage1_row(const OnlinePrefillStage1Args& a, int64_t i) {
+  online_stage1_one(a.plan_c, a.rows_c, a.num_c, i, a.req_pool_indices, a.batch,
+                    a.state_slot_offset);
+  online_stage1_one(a.plan_w, a.rows_w, a.num_w, i, a.req_pool_indices, a.batch,
+                    a.state_slot_offset);
+}
+
+// ------------------------------------------------------------------------------------------
+// Device stage 0 + 1 (the CUDA-graph path, §4.3 made deterministic)
+// ------------------------------------------------------------------------------------------
+
+// One request of the batch. Inputs outside 0 <= extend <= seq are clamped so that every
+// memory access stays in bounds (the plan is then meaningless, as it is upstream); the API
+// layer cannot check device values without a host synchronisation.
+struct Request {
+  int64_t seq;
+  int64_t extend;
+  int64_t prefix;
+};
+
+FC_HOST_DEVICE Request load_request(const int64_t* seq_lens, const int64_t* extend_lens,
+                                    int64_t b) {
+  Request q;
+  q.seq = max_i64(seq_lens[b], 0);
+  q.extend = min_i64(max_i64(extend_lens[b], 0), q.seq);
+  q.prefix = q.seq - q.extend;
+  return q;
+}
+
+// Which positions of a request's extend a prefill persists (§2.4):
+// p >= first_w, or (paged C4 only) p % swa_page_size >= swa_page_size - 4.
+struct WritePolicy {
+  int64_t first_w;
+  int64_t tail_page;  // swa_page_size when the page-tail rule applies, else 0
+
+  FC_HOST_DEVICE bool written(int64_t pos) const {
+    return pos >= first_w || (tail_page > 0 && pos % tail_page >= tail_page - 4);
+  }
+  // Number of q in [0, x) with q % tail_page >= tail_page - 4 (x >= 0, tail_page > 0).
+  FC_HOST_DEVICE int64_t tail_below(int64_t x) const {
+    const int64_t t = tail_page - 4;
+    if (t <= 0) return x;
+    return (x / tail_page) * 4 + max_i64(x % tail_page - t, 0);
+  }
+  // Number of written positions in [lo, hi) (0 <= lo <= hi).
+  FC_HOST_DEVICE int64_t count(int64_t lo, int64_t hi) const {
+    const int64_t below = max_i64(min_i64(hi, first_w), lo);  // [lo, below) lies under first_w
+    int64_t n = hi - below;
+    if (tail_page > 0) n += tail_below(below) - tail_below(lo);
+    return n;
+  }
+};
+
+template <int kRatio>
+FC_HOST_DEVICE WritePolicy make_write_policy(const StateAddressing& addr, int64_t seq) {
+  const int64_t last_c = (seq / kRatio) * kRatio;
+  WritePolicy w;
+  w.first_w = min_i64(last_c - (kRatio == 4 ? 4 : 0), seq - mtp_write_pad(kRatio, addr.ring_size));
+  w.tail_page = (kRatio == 4 && !addr.req_ring && addr.swa_page_size > 0) ? addr.swa_page_size : 0;
+  return w;
+}
+
+struct RequestCounts {
+  int64_t tokens;
+  int64_t compress_rows;
+  int64_t write_rows;
+};
+
+// Rows request b contributes to each list, in closed form.
+template <int kRatio>
+FC_HOST_DEVICE RequestCounts prefill_request_counts(const PrefillDeviceArgs& a, int64_t b) {
+  const Request q = load_request(a.seq_lens, a.extend_lens, b);
+  RequestCounts n;
+  n.tokens = q.extend;
+  n.compress_rows = q.seq / kRatio - q.prefix / kRatio;  // events p in [prefix, seq): (p+1)%r==0
+  n.write_rows = make_write_policy<kRatio>(a.addr, q.seq).count(q.prefix, q.seq);
+  return n;
+}
+
+// Online C128: the extend is cut at multiples of 128; segments that reach a chunk end are
+// compress rows, the trailing partial segment (if any) is the one write row.
+template <int kRatio>
+FC_HOST_DEVICE RequestCounts online_request_counts(const OnlinePrefillDeviceArgs& a, int64_t b) {
+  const Request q = load_request(a.seq_lens, a.extend_lens, b);
+  RequestCounts n;
+  n.tokens = q.extend;
+  n.compress_rows = q.seq / kRatio - q.prefix / kRatio;
+  n.write_rows = (q.extend > 0 && q.seq % kRatio != 0) ? 1 : 0;
+  return n;
+}
+
+// Workspace views: tok[b], comp[b], wr[b] = exclusive prefix sums, index batch = total.
+struct ScanView {
+  const int64_t* tok;
+  const int64_t* comp;
+  const int64_t* wr;
+};
+
+FC_HOST_DEVICE ScanView scan_view(const int64_t* workspace, int64_t batch) {
+  ScanView v;
+  v.tok = workspace;
+  v.comp = workspace + (batch + 1);
+  v.wr = workspace + 2 * (batch + 1);
+  return v;
+}
+
+// The request owning ragged token i: tok[b] <= i < tok[b + 1]. Needs batch >= 1, i < tok[batch].
+FC_HOST_DEVICE int64_t find_request(const int64_t* tok, int64_t batch, int64_t i) {
+  int64_t lo = 0, hi = batch;  // invariant: tok[lo] <= i < tok[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (tok[mid] <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// Thread i of the rows kernel: the rows of ragged token i (if any), and the sentinel rows i of
+// either list past its total. Rows written for tokens have index < total <= i, so the two
+// kinds of writes never touch the same row.
+template <int kRatio>
+FC_HOST_DEVICE void prefill_device_row(const PrefillDeviceArgs& a, int64_t i) {
+  const ScanView s = scan_view(a.workspace, a.batch);
+  const int64_t total_tok = s.tok[a.batch];
+  const int64_t total_c = s.comp[a.batch];
+  const int64_t total_w = s.wr[a.batch];
+  if (i < total_tok) {
+    const int64_t b = find_request(s.tok, a.batch, i);
+    const Request q = load_request(a.seq_lens, a.extend_lens, b);
+    const int64_t j = i - s.tok[b];
+    const int64_t pos = q.prefix + j;
+    const int64_t rid = a.req_pool_indices[b];
+    if ((pos + 1) % kRatio == 0) {
+      const int64_t idx = s.comp[b] + pos / kRatio - q.prefix / kRatio;
+      if (idx >= 0 && idx < a.num_rows) {
+        a.plan_c[idx] = final_compress_row<kRatio>(a.addr, b, rid, pos, j, i);
+      }
+    }
+    const WritePolicy policy = make_write_policy<kRatio>(a.addr, q.seq);
+    if (policy.written(pos)) {
+      const int64_t idx = s.wr[b] + policy.count(q.prefix, pos);
+      if (idx >= 0 && idx < a.num_rows) {
+        WritePlan row;
+        row.ragged_id = static_cast<uint32_t>(i);
+        row.write_loc = static_cast<int32_t>(state_row(a.addr, rid, pos));
+        a.plan_w[idx] = row;
+      }
+    }
+  }
+  if (i >= total_c) a.plan_c[i] = invalid_compress_plan();
+  if (i >= total_w) a.plan_w[i] = invalid_write_plan();
+}
+
+template <int kRatio>
+FC_HOST_DEVICE void online_prefill_device_row(const OnlinePrefillDeviceArgs& a, int64_t i) {
+  const ScanView s = scan_view(a.workspace, a.batch);
+  const int64_t total_tok = s.tok[a.batch];
+  const int64_t total_c = s.comp[a.batch];
+  const int64_t total_w = s.wr[a.batch];
+  if (i < total_tok) {
+    const int64_t b = find_request(s.tok, a.batch, i);
+    const Request q = load_request(a.seq_lens, a.extend_lens, b);
+    const int64_t pos = q.prefix + (i - s.tok[b]);
+    const bool closes_chunk = (pos + 1) % kRatio == 0;
+    const bool last_partial = !closes_chunk && pos + 1 == q.seq;
+    if (closes_chunk || last_partial) {
+      const int64_t rid = a.req_pool_indices[b];
+      const int64_t seg_start = max_i64(q.prefix, (pos / kRatio) * kRatio);
+      CompressPlan row;
+      row.seq_len = static_cast<uint32_t>(pos + 1);
+      row.ragged_id = static_cast<uint16_t>(i);
+      row.buffer_len = static_cast<uint16_t>(pos + 1 - seg_start);
+      row.read_page_0 = static_cast<int32_t>(rid + a.state_slot_offset);
+      row.read_page_1 = static_cast<int32_t>(rid);
+      if (closes_chunk) {
+        const int64_t idx = s.comp[b] + pos / kRatio - q.prefix / kRatio;
+        if (idx >= 0 && idx < a.num_rows) a.plan_c[idx] = row;
+      } else {
+        const int64_t idx = s.wr[b];
+        if (idx >= 0 && idx < a.num_rows) a.plan_w[idx] = row;
+      }
+    }
+  }
+  if (i >= total_c) a.plan_c[i] = invalid_compress_plan();
+  if (i >= total_w) a.plan_w[i] = invalid_compress_plan();
+}
+
+// ------------------------------------------------------------------------------------------
+// Kernels
+// ------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ int64_t global_thread_index() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+template <int kRatio>
+__global__ void __launch_bounds__(kRowBlock) decode_kernel(const DecodeArgs a) {
+  const int64_t b = global_thread_index();
+  if (b < a.batch) decode_row<kRatio>(a, b);
+}
+
+// Online kernels are templates only so that they are instantiated by online variants alone.
+template <int kRatio>
+__global__ void __launch_bounds__(kRowBlock) online_decode_kernel(const OnlineDecodeArgs a) {
+  static_assert(kRatio == 128, "online compression exists only for ratio 128");
+  const int64_t b = global_thread_index();
+  if (b < a.batch) online_decode_row(a, b);
+}
+
+template <int kRatio>
+__global__ void __launch_bounds__(kRowBlock) prefill_stage1_kernel(const PrefillStage1Args a) {
+  prefill_stage1_row<kRatio>(a, global_thread_index());  // bounds checked per list
+}
+
+template <int kRatio>
+__global__ void __launch_bounds__(kRowBlock) online_stage1_kernel(const OnlinePrefillStage1Args a) {
+  static_assert(kRatio == 128, "online compression exists only for ratio 128");
+  online_stage1_row(a, global_thread_index());  // bounds checked per list
+}
+
+// Single block of kScanThreads threads. Requests are processed in tiles of kScanThreads; each
+// tile is scanned in shared memory (Hillis-Steele, no warp intrinsics so the code is
+// warp-size agnostic) and offset by the running total of the previous tiles.
+template <int kRatio, bool kOnline, typename Args>
+__global__ void __launch_bounds__(kScanThreads) prefill_scan_kernel(const Args a) {
+  __shared__ int64_t s_tok[kScanThreads];
+  __shared__ int64_t s_comp[kScanThreads];
+  __shared__ int64_t s_wr[kScanThreads];
+  const int tid = static_cast<int>(threadIdx.x);
+  int64_t* out_tok = a.workspace;
+  int64_t* out_comp = a.workspace + (a.batch + 1);
+  int64_t* out_wr = a.workspace + 2 * (a.batch + 1);
+  int64_t carry_tok = 0, carry_comp = 0, carry_wr = 0;
+
+  for (int64_t base = 0; base < a.batch; base += kScanThreads) {  // uniform across the block
+    const int64_t b = base + tid;
+    RequestCounts own = {0, 0, 0};
+    if (b < a.batch) {
+      if constexpr (kOnline) {
+        own = online_request_counts<kRatio>(a, b);
+      } else {
+        own = prefill_request_counts<kRatio>(a, b);
+      }
+    }
+    s_tok[tid] = own.tokens;
+    s_comp[tid] = own.compress_rows;
+    s_wr[tid] = own.write_rows;
+    __syncthreads();
+    for (int offset = 1; offset < kScanThreads; offset <<= 1) {
+      int64_t add_tok = 0, add_comp = 0, add_wr = 0;
+      if (tid >= offset) {
+        add_tok = s_tok[tid - offset];
+        add_comp = s_comp[tid - offset];
+        add_wr = s_wr[tid - offset];
+      }
+      __syncthreads();  // all reads of this step happen before any write
+      s_tok[tid] += add_tok;
+      s_comp[tid] += add_comp;
+      s_wr[tid] += add_wr;
+      __syncthreads();
+    }
+    // s_*[tid] is now the inclusive sum of the tile up to tid.
+    if (b < a.batch) {
+      out_tok[b] = carry_tok + s_tok[tid] - own.tokens;
+      out_comp[b] = carry_comp + s_comp[tid] - own.compress_rows;
+      out_wr[b] = carry_wr + s_wr[tid] - own.write_rows;
+    }
+    carry_tok += s_tok[kScanThreads - 1];
+    carry_comp += s_comp[kScanThreads - 1];
+    carry_wr += s_wr[kScanThreads - 1];
+    __syncthreads();  // every thread has read the tile totals before the next tile overwrites
+  }
+  if (tid == 0) {
+    out_tok[a.batch] = carry_tok;
+    out_comp[a.batch] = carry_comp;
+    out_wr[a.batch] = carry_wr;
+  }
+}
+
+template <int kRatio>
+__global__ void __launch_bounds__(kRowBlock) prefill_rows_kernel(const PrefillDeviceArgs a) {
+  const int64_t i = global_thread_index();
+  if (i < a.num_rows) prefill_device_row<kRatio>(a, i);
+}
+
+template <int kRatio>
+__global__ void __launch_bounds__(kRowBlock)
+    online_prefill_rows_kernel(const OnlinePrefillDeviceArgs a) {
+  static_assert(kRatio == 128, "online compression exists only for ratio 128");
+  const int64_t i = global_thread_index();
+  if (i < a.num_rows) online_prefill_device_row<kRatio>(a, i);
+}
+
+// ------------------------------------------------------------------------------------------
+// Launchers: plain host functions on the caller's stream. Empty work launches nothing (a
+// zero-size grid is a CUDA error). They return the launch status; no synchronisation.
+// ------------------------------------------------------------------------------------------
+
+inline unsigned int row_blocks(int64_t rows) {
+  return static_cast<unsigned int>((rows + kRowBlock - 1) / kRowBlock);
+}
+
+template <int kRatio>
+cudaError_t launch_decode(const DecodeArgs& a, cudaStream_t stream) {
+  if (a.batch <= 0) return cudaSuccess;
+  decode_kernel<kRatio><<<row_blocks(a.batch), kRowBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <int kRatio>
+cudaError_t launch_online_decode(const OnlineDecodeArgs& a, cudaStream_t stream) {
+  if (a.batch <= 0) return cudaSuccess;
+  online_decode_kernel<kRatio><<<row_blocks(a.batch), kRowBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <int kRatio>
+cudaError_t launch_prefill_stage1(const PrefillStage1Args& a, cudaStream_t stream) {
+  const int64_t rows = max_i64(a.rows_c, a.rows_w);
+  if (rows <= 0) return cudaSuccess;
+  prefill_stage1_kernel<kRatio><<<row_blocks(rows), kRowBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <int kRatio>
+cudaError_t launch_online_prefill_stage1(const OnlinePrefillStage1Args& a, cudaStream_t stream) {
+  const int64_t rows = max_i64(a.rows_c, a.rows_w);
+  if (rows <= 0) return cudaSuccess;
+  online_stage1_kernel<kRatio><<<row_blocks(rows), kRowBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <int kRatio>
+cudaError_t launch_prefill_device(const PrefillDeviceArgs& a, cudaStream_t stream) {
+  if (a.num_rows <= 0) return cudaSuccess;
+  prefill_scan_kernel<kRatio, false, PrefillDeviceArgs><<<1, kScanThreads, 0, stream>>>(a);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  prefill_rows_kernel<kRatio><<<row_blocks(a.num_rows), kRowBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <int kRatio>
+cudaError_t launch_online_prefill_device(const OnlinePrefillDeviceArgs& a, cudaStream_t stream) {
+  if (a.num_rows <= 0) return cudaSuccess;
+  prefill_scan_kernel<kRatio, true, OnlinePrefillDeviceArgs><<<1, kScanThreads, 0, stream>>>(a);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  online_prefill_rows_kernel<kRatio><<<row_blocks(a.num_rows), kRowBlock, 0, stream>>>(a);
+  return cudaGetLastError();
+}
+
+}  // namespace plan
+}  // namespace flashcompress

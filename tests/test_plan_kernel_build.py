@@ -1,0 +1,317 @@
+"""The ``plan`` JIT family on a machine without a GPU (``pytest -m nvcc``).
+
+* The family is registered with the expected exports, parameter space and presets.
+* Every preset variant renders, compiles for sm_90a with the real nvcc through the JIT
+  engine, loads, exports every function, and its C++ layouts (``layout_info``, a host
+  function) agree with ``flashcompress.layouts``; a second load compiles nothing.
+* The kernel logic itself runs on the CPU: tests/native/plan_host_emulator.cu calls the
+  exact ``__host__ __device__`` per-row functions of jit_kernel/plan_builder.cuh in a loop
+  over the thread index (the scan kernel replaced by a serial scan), and its bytes are
+  compared with the PyTorch backend and with the SGLang golden vectors.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from _golden import load_golden
+from _jit_helpers import REPO, apply_environ, clean_environ, requires_nvcc, reset_engine
+from _plan_cases import MODES, assert_plan_bytes, make_world, mode_id, random_batch, random_decode_batch
+from flashcompress import layouts as L
+from flashcompress.torch_backend import plans as tp
+from flashcompress.torch_backend.rows import pad_rows
+
+pytestmark = pytest.mark.nvcc
+
+EXPECTED_VARIANTS = [
+    {"ratio": 4, "online": False},
+    {"ratio": 128, "online": False},
+    {"ratio": 128, "online": True},
+]
+
+
+@pytest.fixture()
+def jit_env(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The shared session cache of the JIT tests (builds made here are hits for later tests)."""
+    cache = tmp_path_factory.getbasetemp() / "jit-cache-shared"
+    cache.mkdir(exist_ok=True)
+    env = clean_environ(cache, tmp_path / "xdg")
+    apply_environ(monkeypatch, env)
+    yield env
+    reset_engine()
+
+
+# ----------------------------------------------------------------------------- family
+
+
+def test_plan_family_registration() -> None:
+    from flashcompress.cuda_ops import plan_builder
+    from flashcompress.jit import get_family
+
+    fam = get_family("plan")
+    assert fam is plan_builder.PLAN
+    assert fam.exports == ("decode", "prefill_stage1", "prefill_device", "layout_info")
+    assert [dict(v) for v in fam.expand()] == EXPECTED_VARIANTS
+    for model in ("deepseek-v4-flash", "deepseek-v4-pro"):
+        assert fam.preset_params(model) == EXPECTED_VARIANTS
+    with pytest.raises(ValueError, match="online=True exists only for ratio 128"):
+        fam.check_params({"ratio": 4, "online": True})
+    with pytest.raises(ValueError):
+        fam.check_params({"ratio": 8, "online": False})
+    assert fam.warmup is not None
+
+
+@pytest.mark.parametrize("params", EXPECTED_VARIANTS, ids=lambda p: f"r{p['ratio']}_online{int(p['online'])}")
+def test_rendered_sources_are_thin(jit_env, params) -> None:
+    from flashcompress.jit import VariantKey, get_family
+    from flashcompress.jit.render import render_sources
+
+    key = VariantKey.make("plan", target="cuda:9.0a", **params)
+    src = render_sources(key, get_family("plan"))
+    kernel, binding = src["kernel.cu"], src["binding.cpp"]
+    assert f"namespace {key.module_name} {{" in kernel and f"namespace {key.module_name} {{" in binding
+    assert "tvm/ffi" not in kernel, "kernel.cu must stay free of tvm-ffi headers (nvcc compile time)"
+    assert f"constexpr int kRatio = {params['ratio']};" in kernel
+    assert "__global__" not in kernel, "kernel bodies belong in jit_kernel/plan_builder.cuh"
+    for name in ("decode", "prefill_stage1", "prefill_device", "layout_info"):
+        assert f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {key.module_name}::{name});" in binding
+
+
+@requires_nvcc
+def test_plan_variants_build_load_and_match_layouts(jit_env) -> None:
+    from flashcompress.cuda_ops import plan_builder
+    from flashcompress.jit import VariantKey, acquire, engine
+
+    for params in EXPECTED_VARIANTS:
+        key = VariantKey.make("plan", **params)
+        assert key.target == "cuda:9.0a"
+        first = acquire(key)
+        assert first.status in ("built", "hit", "waited"), first
+        for name in plan_builder.EXPORTS:
+            assert first.module.implements_function(name), f"{key.describe()} lacks {name}"
+        info = plan_builder.layout_info(module=first.module)
+        assert info["ratio"] == params["ratio"] and info["online"] == params["online"]
+        assert info["window"] == L.window_size(params["ratio"])
+        assert info["max_ragged_id"] == L.MAX_RAGGED_ID
+        for layout in (L.DECODE_PLAN, L.COMPRESS_PLAN, L.WRITE_PLAN):
+            cpp = info[layout.name]
+            assert cpp["size"] == layout.row_bytes and cpp["align"] == layout.row_bytes
+            assert cpp["fields"] == {f.name: [f.offset, f.size] for f in layout.fields}
+        assert bytes.fromhex(info["invalid_compress_row"]) == L.INVALID_COMPRESS_ROW
+        assert bytes.fromhex(info["invalid_write_row"]) == L.INVALID_WRITE_ROW
+        # a fresh process-level lookup is a cache hit: no compiler runs
+        engine.clear_memo("plan")
+        again = acquire(key)
+        assert again.status == "hit", again
+
+
+@requires_nvcc
+def test_binding_rejects_host_tensors(jit_env) -> None:
+    """Argument checks run before anything touches a GPU, so they work here too."""
+    from flashcompress.cuda_ops import plan_builder
+
+    mod = plan_builder._module(4, False)
+    z = torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="out: expected a cuda tensor, got one on cpu:0"):
+        mod.decode(torch.empty((2, 16), dtype=torch.uint8), z, torch.zeros((1, 1), dtype=torch.int32),
+                   torch.zeros(1, dtype=torch.int64), z, 256, 8, False)
+    online = plan_builder._module(128, True)
+    with pytest.raises(ValueError, match="plan_c: expected a cuda tensor"):
+        online.prefill_device(torch.empty((2, 16), dtype=torch.uint8), torch.empty((2, 16), dtype=torch.uint8),
+                              torch.empty(9, dtype=torch.int64), z, z, z, 0)
+
+
+# ----------------------------------------------------------------------------- host emulation of the kernels
+
+EMULATOR_SRC = REPO / "tests" / "native" / "plan_host_emulator.cu"
+POISON = 0xAB
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cuda_home = Path(os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda")
+    nvcc = cuda_home / "bin" / "nvcc"
+    if not nvcc.exists():
+        pytest.skip(f"nvcc not found under {cuda_home}")
+    exe = tmp_path_factory.mktemp("plan_emulator") / "plan_host_emulator"
+    cmd = [str(nvcc), "-std=c++17", "-O1", f"-I{REPO / 'jit_kernel'}", str(EMULATOR_SRC), "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"emulator build failed:\n{' '.join(cmd)}\n{res.stdout}\n{res.stderr}"
+    return exe
+
+
+def _ints(t: torch.Tensor) -> str:
+    return " ".join(map(str, t.reshape(-1).tolist()))
+
+
+def emulate(exe: Path, op: str, ratio: int, *, rids, seq_lens, extend_lens=None, swa_page_size=256, ring_size=8,
+            use_req_ring=False, state_slot_offset=0, world=None, num_rows=0, plan_c=None, num_c=0, plan_w=None,
+            num_w=0) -> dict[str, torch.Tensor]:
+    """Run one op of the emulator; returns {"D"|"C"|"W": uint8 [rows, bytes]}."""
+    batch = rids.numel()
+    if extend_lens is None:
+        extend_lens = torch.zeros(batch, dtype=torch.int64)
+    r2t = world.req_to_token if world is not None else torch.zeros((0, 0), dtype=torch.int32)
+    f2s = world.full_to_state if world is not None else torch.zeros(0, dtype=torch.int64)
+    w_bytes = 16 if op == "online_stage1" else 8
+    pc = plan_c if plan_c is not None else torch.zeros((0, 16), dtype=torch.uint8)
+    pw = plan_w if plan_w is not None else torch.zeros((0, w_bytes), dtype=torch.uint8)
+    text = " ".join([
+        op, str(ratio), str(swa_page_size), str(ring_size), str(int(use_req_ring)), str(state_slot_offset),
+        str(r2t.shape[0]), str(r2t.shape[1]), _ints(r2t), str(f2s.numel()), _ints(f2s),
+        str(batch), _ints(rids), _ints(seq_lens), _ints(extend_lens), str(num_rows),
+        str(pc.shape[0]), str(num_c), _ints(pc), str(pw.shape[0]), str(num_w), _ints(pw),
+    ])
+    res = subprocess.run([str(exe)], input=text, capture_output=True, text=True)
+    assert res.returncode == 0, f"emulator failed ({op}): {res.stderr}"
+    rows: dict[str, list[list[int]]] = {}
+    for line in res.stdout.splitlines():
+        tag, hexbytes = line.split()
+        rows.setdefault(tag, []).append(list(bytes.fromhex(hexbytes)))
+    widths = {"D": 16, "C": 16, "W": w_bytes if op.endswith("stage1") else (16 if op.startswith("online") else 8)}
+    return {tag: torch.tensor(rows.get(tag, []), dtype=torch.uint8).reshape(-1, widths[tag]) for tag in widths}
+
+
+def _with_padding(rows: torch.Tensor, total: int) -> torch.Tensor:
+    pad = torch.full((total - rows.shape[0], rows.shape[1]), POISON, dtype=torch.uint8)
+    return torch.cat([rows, pad])
+
+
+def _check_prefill_mode(exe, mode, world, rids, seq, ext, num_q, extra_rows) -> None:
+    ratio, ring, req_ring = mode
+    kw = dict(swa_page_size=256, ring_size=ring, use_req_ring=req_ring, world=world)
+    what = mode_id(mode)
+    for graph in (False, True):
+        want_c, want_w = tp.prefill_plan(ratio, rids, seq, ext, world.req_to_token, world.full_to_state, 256, ring,
+                                         num_q, graph, req_ring)
+        c0, w0 = tp.prefill_stage0(ratio, seq, ext, 256, ring, req_ring)
+        rows_c = num_q if graph else c0.shape[0]
+        rows_w = num_q if graph else w0.shape[0]
+        out = emulate(exe, "stage1", ratio, rids=rids, seq_lens=seq, plan_c=_with_padding(c0, rows_c),
+                      num_c=c0.shape[0], plan_w=_with_padding(w0, rows_w), num_w=w0.shape[0], **kw)
+        assert_plan_bytes(out["C"], want_c, f"{what} stage1 plan_c (graph={graph})")
+        assert_plan_bytes(out["W"], want_w, f"{what} stage1 plan_w (graph={graph})")
+    want_c, want_w = tp.prefill_plan(ratio, rids, seq, ext, world.req_to_token, world.full_to_state, 256, ring,
+                                     num_q + extra_rows, True, req_ring)
+    out = emulate(exe, "device", ratio, rids=rids, seq_lens=seq, extend_lens=ext, num_rows=num_q + extra_rows, **kw)
+    assert_plan_bytes(out["C"], want_c, f"{what} device plan_c")
+    assert_plan_bytes(out["W"], want_w, f"{what} device plan_w")
+
+
+def _check_online(exe, rids, seq, ext, num_q, extra_rows, offset) -> None:
+    for graph in (False, True):
+        want_c, want_w = tp.online_prefill_plan(seq, ext, rids, num_q, graph, offset)
+        c0, w0 = tp.online_prefill_stage0(seq, ext)
+        rows_c = num_q if graph else c0.shape[0]
+        rows_w = num_q if graph else w0.shape[0]
+        out = emulate(exe, "online_stage1", 128, rids=rids, seq_lens=seq, state_slot_offset=offset,
+                      plan_c=_with_padding(c0, rows_c), num_c=c0.shape[0], plan_w=_with_padding(w0, rows_w),
+                      num_w=w0.shape[0])
+        assert_plan_bytes(out["C"], want_c, f"online stage1 plan_c (graph={graph})")
+        assert_plan_bytes(out["W"], want_w, f"online stage1 plan_w (graph={graph})")
+    want_c, want_w = tp.online_prefill_plan(seq, ext, rids, num_q + extra_rows, True, offset)
+    out = emulate(exe, "online_device", 128, rids=rids, seq_lens=seq, extend_lens=ext, num_rows=num_q + extra_rows,
+                  state_slot_offset=offset)
+    assert_plan_bytes(out["C"], want_c, "online device plan_c")
+    assert_plan_bytes(out["W"], want_w, "online device plan_w")
+
+
+@pytest.mark.parametrize("mode", MODES, ids=mode_id)
+def test_emulated_kernels_match_torch(emulator, mode) -> None:
+    ratio, ring, req_ring = mode
+    world = make_world(seed=5, slots=16, max_ctx=1536)
+    rng = random.Random(MODES.index(mode))
+    for _ in range(6):
+        rids, seq = random_decode_batch(rng, world, rng.randint(1, 20), pad_rows=rng.choice([0, 2]))
+        want = tp.decode_plan(ratio, rids, world.req_to_token, world.full_to_state, seq, 256, ring, req_ring)
+        out = emulate(emulator, "decode", ratio, rids=rids, seq_lens=seq, ring_size=ring, use_req_ring=req_ring,
+                      world=world)
+        assert_plan_bytes(out["D"], want, f"{mode_id(mode)} decode", kind="decode")
+        rids, seq, ext = random_batch(rng, world, rng.randint(1, 10), rng.choice([3, 20, 300]))
+        _check_prefill_mode(emulator, mode, world, rids, seq, ext, int(ext.sum()), rng.choice([0, 1, 17]))
+
+
+@pytest.mark.parametrize("offset", [0, 9])
+def test_emulated_online_kernels_match_torch(emulator, offset) -> None:
+    world = make_world(seed=6, slots=16, max_ctx=1536)
+    rng = random.Random(offset)
+    for _ in range(6):
+        rids, seq = random_decode_batch(rng, world, rng.randint(1, 20), pad_rows=1)
+        out = emulate(emulator, "online_decode", 128, rids=rids, seq_lens=seq, state_slot_offset=offset)
+        assert_plan_bytes(out["D"], tp.online_decode_plan(seq, rids, offset), "online decode", kind="decode")
+        rids, seq, ext = random_batch(rng, world, rng.randint(1, 10), rng.choice([3, 20, 300]))
+        _check_online(emulator, rids, seq, ext, int(ext.sum()), rng.choice([0, 3]), offset)
+
+
+def test_emulated_edge_cases(emulator) -> None:
+    world = make_world(seed=7, slots=8, max_ctx=32768)
+    empty = torch.zeros(0, dtype=torch.int64)
+    # B = 0 with padded rows: all sentinels
+    out = emulate(emulator, "device", 4, rids=empty, seq_lens=empty, extend_lens=empty, num_rows=5, world=world)
+    assert_plan_bytes(out["C"], pad_rows(torch.zeros((0, 16), dtype=torch.uint8), 5, L.INVALID_COMPRESS_ROW), "C")
+    assert_plan_bytes(out["W"], pad_rows(torch.zeros((0, 8), dtype=torch.uint8), 5, L.INVALID_WRITE_ROW), "W")
+    # 65536 ragged tokens: ragged ids up to 65535
+    rids = torch.tensor([1, 3, 5, 7])
+    ext = torch.tensor([16768, 16000, 16384, 16384])
+    seq = torch.tensor([16768, 16384, 16384, 32768])
+    for mode in [(4, 8, False), (4, 16, True), (128, 256, False)]:
+        _check_prefill_mode(emulator, mode, world, rids, seq, ext, 65536, 0)
+    _check_online(emulator, rids, seq, ext, 65536, 0, 9)
+    # 65535 one-token requests: stage-0 batch ids up to 65534
+    gen = torch.Generator().manual_seed(7)
+    batch = 65535
+    rids = torch.randint(1, 8, (batch,), generator=gen)
+    seq = torch.randint(1, 4097, (batch,), generator=gen)
+    ext = torch.ones(batch, dtype=torch.int64)
+    _check_prefill_mode(emulator, (4, 8, False), world, rids, seq, ext, batch, 1)
+
+
+@pytest.mark.parametrize("relpath", ["plans/plan_c4.pt", "plans/plan_c128.pt", "plans/plan_c128_online.pt"])
+def test_emulated_kernels_match_golden(emulator, relpath) -> None:
+    """SGLang 0.5.23's bytes: our stage 1 over our stage 0, and our device planner (padded)."""
+    d = load_golden(relpath)
+    online = "online" in relpath
+    calls = sorted({k.split(".")[0] for k in d if "." in k})
+    for call in calls:
+        g = lambda n: d[f"{call}.{n}"]  # noqa: E731
+        rids, seq = g("req_pool_indices"), g("seq_lens")
+        if online:
+            kw = dict(state_slot_offset=g("state_slot_offset"))
+        else:
+            kw = dict(swa_page_size=g("swa_page_size"), ring_size=g("ring_size"), use_req_ring=g("use_req_ring"),
+                      world=_GoldenWorld(d))
+        if g("api").startswith("CompressorDecodePlan"):
+            out = emulate(emulator, "online_decode" if online else "decode", 128 if online else g("compress_ratio"),
+                          rids=rids, seq_lens=seq, **kw)
+            assert_plan_bytes(out["D"], g("plan_d"), f"{call}.plan_d", kind="decode")
+            continue
+        ext, num_q, graph = g("extend_lens"), g("num_q_tokens"), g("use_cuda_graph")
+        if online:
+            ratio, (c0, w0), w_sentinel = 128, tp.online_prefill_stage0(seq, ext), L.INVALID_COMPRESS_ROW
+        else:
+            ratio = g("compress_ratio")
+            c0, w0 = tp.prefill_stage0(ratio, seq, ext, g("swa_page_size"), g("ring_size"), g("use_req_ring"))
+            w_sentinel = L.INVALID_WRITE_ROW
+        rows_c = num_q if graph else c0.shape[0]
+        rows_w = num_q if graph else w0.shape[0]
+        out = emulate(emulator, "online_stage1" if online else "stage1", ratio, rids=rids, seq_lens=seq,
+                      plan_c=_with_padding(c0, rows_c), num_c=c0.shape[0], plan_w=_with_padding(w0, rows_w),
+                      num_w=w0.shape[0], **kw)
+        assert_plan_bytes(out["C"], g("plan_c"), f"{call}.plan_c (stage 1)")
+        assert_plan_bytes(out["W"], g("plan_w"), f"{call}.plan_w (stage 1)")
+        out = emulate(emulator, "online_device" if online else "device", ratio, rids=rids, seq_lens=seq,
+                      extend_lens=ext, num_rows=num_q + 4, **kw)
+        assert_plan_bytes(out["C"], pad_rows(g("plan_c"), num_q + 4, L.INVALID_COMPRESS_ROW), f"{call}.plan_c (dev)")
+        assert_plan_bytes(out["W"], pad_rows(g("plan_w"), num_q + 4, w_sentinel), f"{call}.plan_w (dev)")
+
+
+class _GoldenWorld:
+    def __init__(self, d: dict) -> None:
+        self.req_to_token = d["req_to_token"]
+        self.full_to_state = d["full_to_state"]
