@@ -16,11 +16,11 @@ Two tiers, to keep the host side of a call near 10 µs:
 
 from __future__ import annotations
 
-import os
 from typing import NoReturn
 
 import torch
 
+from .jit.settings import debug_checks_enabled
 from .layouts import (
     HEAD_DIMS,
     MAX_RAGGED_ID,
@@ -36,11 +36,6 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16)
 
 def fail(arg: str, expected: object, actual: object, exc: type[Exception] = ValueError) -> NoReturn:
     raise exc(f"{arg}: expected {expected}, got {actual}")
-
-
-def debug_checks_enabled() -> bool:
-    """True when FLASHCOMPRESS_DEBUG asks for data-dependent checks on device tensors."""
-    return os.environ.get("FLASHCOMPRESS_DEBUG", "0") not in ("", "0", "false", "False")
 
 
 def wants_value_checks(t: torch.Tensor) -> bool:

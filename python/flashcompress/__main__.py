@@ -1,0 +1,7 @@
+"""``python -m flashcompress``: the same command line as the ``flashcompress`` script."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,297 @@
+"""The ``flashcompress`` command line (also ``python -m flashcompress``).
+
+    flashcompress prewarm [SPEC ...] [--model M] [--all] [--arch A] [-j N] [--list | --dry-run]
+    flashcompress cache info | list | verify [--delete-bad] | clean [--stale]
+    flashcompress config [--markdown]
+    flashcompress demo [ARGS ...]
+
+A SPEC is ``family[:name=value,...]``, e.g. ``plan:ratio=128,online=true``; params
+left out expand over the family's declared space (``plan`` = every plan variant).
+This module only parses arguments and formats output; the work is done by
+``flashcompress.jit.prewarm`` and ``flashcompress.jit.maintenance``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from typing import Sequence, TextIO
+
+__all__ = ["main"]
+
+
+def _human_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"  # pragma: no cover
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.0f}h"
+    return f"{seconds / 86400:.0f}d"
+
+
+def _table(rows: Sequence[Sequence[str]], header: Sequence[str], out: TextIO) -> None:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    print(fmt.format(*header).rstrip(), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for row in rows:
+        print(fmt.format(*row).rstrip(), file=out)
+
+
+# --------------------------------------------------------------------------- prewarm
+
+
+def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
+    from .jit import errors
+    from .jit.cache import default_jobs
+    from .jit.prewarm import run_prewarm, variant_set, warm_launch
+    from .jit.settings import get_settings
+
+    if not (args.specs or args.model or args.all):
+        print("flashcompress prewarm: give variant specs, --model or --all (see --help)", file=sys.stderr)
+        return 2
+    try:
+        keys = variant_set(args.specs, models=args.model or (), all_variants=args.all, archs=args.arch,
+                           imports=args.imports or ())
+    except (ValueError, errors.UnknownFamily, ImportError) as exc:
+        print(f"flashcompress prewarm: {exc}", file=sys.stderr)
+        return 2
+    if args.list:
+        for key in keys:
+            print(key.describe(), file=out)
+        print(f"{len(keys)} variant(s)", file=out)
+        return 0
+    if args.dry_run:
+        from .jit.engine import lookup
+
+        rows = []
+        for key in keys:
+            try:
+                leaf, present = lookup(key)
+                rows.append([key.describe(), "cached" if present else "to build", str(leaf)])
+            except Exception as exc:  # noqa: BLE001 - e.g. no compiler on this machine
+                rows.append([key.describe(), "unknown", f"({type(exc).__name__}: {exc})"])
+        _table(rows, ["variant", "status", "cache path"], out)
+        print(f"{len(keys)} variant(s); nothing compiled (dry run)", file=out)
+        return 0
+
+    jobs = args.jobs if args.jobs else default_jobs(get_settings())
+    print(f"prewarming {len(keys)} variant(s) with {jobs} job(s) into {get_settings().cache_dir}", file=out)
+    width = len(str(len(keys)))
+    print_lock = threading.Lock()
+
+    def progress(done: int, total: int, result) -> None:  # noqa: ANN001
+        with print_lock:
+            print(f"[{done:>{width}}/{total}] {result.status:<7} {result.seconds:6.2f}s  {result.key.describe()}",
+                  file=out, flush=True)
+
+    started = time.perf_counter()
+    results = run_prewarm(keys, jobs=jobs, force=args.force, progress=progress)
+    wall = time.perf_counter() - started
+    if not args.no_warmup:
+        launched = warm_launch(results)
+        if launched:
+            print(f"warm-launched {launched} variant(s) on the GPU", file=out)
+    rows = []
+    for r in results:
+        status = r.status if r.warmup is None or r.warmup == "ok" else "warmup-failed"
+        rows.append([r.key.describe(), status, f"{r.seconds:.2f}", str(r.path) if r.path else "-"])
+    print(file=out)
+    _table(rows, ["variant", "status", "seconds", "cache path"], out)
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    print(f"\n{len(results)} variant(s) in {wall:.1f} s: {summary}", file=out)
+    failures = [r for r in results if not r.ok]
+    for r in failures:
+        print(f"\nFAILED {r.key.describe()}", file=out)
+        if r.error is not None:
+            if isinstance(r.error, errors.BuildError):
+                print(f"  command: {r.error.command}", file=out)
+                for line in r.error.first_errors:
+                    print(f"    {line}", file=out)
+                print(f"  full log: {r.error.log_path}", file=out)
+            else:
+                print(f"  {type(r.error).__name__}: {r.error}", file=out)
+        if r.warmup and r.warmup.startswith("failed"):
+            print(f"  warm launch {r.warmup}", file=out)
+    return 1 if failures else 0
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
+    from .jit.cache import package_version
+    from .jit.maintenance import classify, clean, verify
+    from .jit.settings import get_settings
+
+    for module in args.imports or ():
+        __import__(module)
+    settings = get_settings()
+    root = settings.cache_dir
+    if args.action == "info":
+        items = classify(root)
+        by_status: dict[str, list] = {}
+        for item in items:
+            by_status.setdefault(item.status, []).append(item)
+        total = sum(i.entry.size for i in items)
+        print(f"cache dir        {root}  (from {settings.origin('cache_dir')})", file=out)
+        print(f"package version  {package_version()}", file=out)
+        print(f"total size       {_human_size(total)}"
+              + (f" (cap {settings.size_cap_mb} MiB)" if settings.size_cap_mb else " (no cap)"), file=out)
+        for status in ("current", "stale", "unknown", "other-version", "failed", "building", "staging", "trash"):
+            group = by_status.get(status, [])
+            if group:
+                print(f"{status:<16} {len(group):>4}  {_human_size(sum(i.entry.size for i in group))}", file=out)
+        if not items:
+            print("(empty)", file=out)
+        return 0
+    if args.action == "list":
+        now = time.time()
+        rows = [[i.status, _human_size(i.entry.size), _age(now - i.entry.mtime), i.entry.version, i.variant,
+                 str(i.entry.path)] for i in classify(root)]
+        if rows:
+            _table(rows, ["status", "size", "age", "version", "variant", "path"], out)
+        print(f"{len(rows)} item(s) under {root}", file=out)
+        return 0
+    if args.action == "verify":
+        from .jit.cache import remove_tree
+
+        results = verify(root)
+        bad = 0
+        for item, ok, message in results:
+            print(f"{'ok ' if ok else 'BAD'}  {item.variant}  {message}  {item.entry.path}", file=out)
+            if not ok:
+                bad += 1
+                if args.delete_bad:
+                    remove_tree(item.entry.path)
+                    print(f"     removed {item.entry.path}", file=out)
+        print(f"{len(results)} entries verified, {bad} bad", file=out)
+        return 1 if bad else 0
+    if args.action == "clean":
+        try:
+            removed, freed = clean(root, stale_only=args.stale)
+        except RuntimeError as exc:
+            print(f"flashcompress cache clean: {exc}", file=sys.stderr)
+            return 1
+        for path in removed:
+            print(f"removed {path}", file=out)
+        print(f"removed {len(removed)} item(s), {_human_size(freed)} freed", file=out)
+        return 0
+    raise AssertionError(args.action)  # pragma: no cover
+
+
+# --------------------------------------------------------------------------- config / demo
+
+
+def _cmd_config(args: argparse.Namespace, out: TextIO) -> int:
+    from .jit.settings import SCHEMA, get_settings, markdown_table, user_config_path
+
+    if args.markdown:
+        out.write(markdown_table())
+        return 0
+    settings = get_settings()
+    rows = []
+    for setting in SCHEMA:
+        value = getattr(settings, setting.key)
+        if isinstance(value, tuple):
+            value = ",".join(value)
+        rows.append([setting.key, str(value), settings.origin(setting.key)])
+    _table(rows, ["setting", "value", "from"], out)
+    print(f"\nuser config file: {user_config_path()}"
+          f" ({'present' if user_config_path().is_file() else 'absent'})", file=out)
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    import importlib
+
+    try:
+        demo = importlib.import_module("flashcompress.demo")
+    except ModuleNotFoundError as exc:
+        if exc.name != "flashcompress.demo":
+            raise
+        print("flashcompress demo: not available in this build (flashcompress.demo is missing)", file=sys.stderr)
+        return 2
+    result = demo.main(list(args.demo_args))
+    return int(result or 0)
+
+
+# --------------------------------------------------------------------------- parser
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flashcompress", description="flashcompress kernels: JIT cache tools.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    pre = sub.add_parser("prewarm", help="compile variants ahead of time",
+                         description="Compile kernel variants into the cache so that runtime never compiles.")
+    pre.add_argument("specs", nargs="*", metavar="SPEC",
+                     help="family[:name=value,...]; omitted params expand over the family's space")
+    pre.add_argument("--model", action="append", metavar="NAME",
+                     help="every variant a model needs (deepseek-v4-flash, deepseek-v4-pro); repeatable")
+    pre.add_argument("--all", action="store_true", help="every variant of every family")
+    pre.add_argument("--arch", action="append", metavar="ARCH",
+                     help="target, e.g. 9.0a or gfx942 (repeatable); default: the GPU, else the configured defaults")
+    pre.add_argument("-j", "--jobs", type=int, default=0,
+                     help="parallel compiler processes (default: setting `jobs`, capped by cores and memory)")
+    pre.add_argument("--list", action="store_true", help="print the variant set and exit")
+    pre.add_argument("--dry-run", action="store_true", help="print the set with cache status; compile nothing")
+    pre.add_argument("--force", action="store_true", help="rebuild even if cached")
+    pre.add_argument("--no-warmup", action="store_true", help="skip the warm launch on the GPU")
+    pre.add_argument("--import", dest="imports", action="append", metavar="MODULE",
+                     help="import MODULE first (families defined outside flashcompress.cuda_ops)")
+    pre.set_defaults(func=_cmd_prewarm)
+
+    cache = sub.add_parser("cache", help="inspect or clean the kernel cache")
+    cache.add_argument("action", choices=("info", "list", "verify", "clean"))
+    cache.add_argument("--stale", action="store_true", help="clean: only stale/other-version/failed/debris")
+    cache.add_argument("--delete-bad", action="store_true", help="verify: remove entries that fail")
+    cache.add_argument("--import", dest="imports", action="append", metavar="MODULE",
+                       help="import MODULE first so its families can be classified")
+    cache.set_defaults(func=_cmd_cache)
+
+    config = sub.add_parser("config", help="show effective settings")
+    config.add_argument("--markdown", action="store_true", help="print the settings reference table")
+    config.set_defaults(func=_cmd_config)
+
+    demo = sub.add_parser("demo", help="run the demo (flashcompress.demo)", add_help=False)
+    demo.add_argument("demo_args", nargs=argparse.REMAINDER)
+    demo.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``flashcompress`` console script; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:  # everything after `demo` belongs to the demo, options included
+        args = argparse.Namespace(func=_cmd_demo, demo_args=argv[1:])
+    else:
+        args = _parser().parse_args(argv)
+    from .jit.settings import SettingsError
+
+    try:
+        return int(args.func(args, sys.stdout))
+    except SettingsError as exc:
+        print(f"flashcompress: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("flashcompress: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""flashcompress JIT engine: Jinja2 templates -> tvm-ffi modules in a content-addressed disk cache.
+
+Public API::
+
+    Family, register_family, get_family        declare / look up a kernel family
+    VariantKey                                 family + params + target; names the module
+    load(key) -> tvm_ffi.Module                memo -> cache hit (no lock, no compiler) -> locked build
+    get_module(family, **params)               load(VariantKey.make(family, **params)), memoised
+    jit_enabled_for(device), debug_checks_enabled()   hot-path switches for the API layer
+    get_settings(), reload_settings()          effective settings (docs/settings.md)
+    JitError, BuildError, OfflineCacheMiss, CacheNotWritable, CaptureBuildError, LockTimeout,
+    UnknownFamily, CacheCorruptionWarning      what can go wrong
+
+Importing this package is cheap: no torch, tvm-ffi, Jinja2 or filelock import, no
+CUDA initialisation and no compilation.  ``load``/``get_module``/``acquire`` and
+the engine internals are imported on first attribute access.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import (BuildError, CacheCorruptionWarning, CacheNotWritable, CaptureBuildError, JitError, LockTimeout,
+                     OfflineCacheMiss, UnknownFamily)
+from .family import Family, get_family, register_family
+from .models import MODELS, ModelConfig, model_config
+from .settings import debug_checks_enabled, get_settings, jit_enabled_for, reload_settings
+from .variant import VariantKey, detect_target
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .engine import Acquired, acquire, clear_memo, get_module, load
+
+__all__ = [
+    "Acquired",
+    "BuildError",
+    "CacheCorruptionWarning",
+    "CacheNotWritable",
+    "CaptureBuildError",
+    "Family",
+    "JitError",
+    "LockTimeout",
+    "MODELS",
+    "ModelConfig",
+    "OfflineCacheMiss",
+    "UnknownFamily",
+    "VariantKey",
+    "acquire",
+    "clear_memo",
+    "debug_checks_enabled",
+    "detect_target",
+    "get_family",
+    "get_module",
+    "get_settings",
+    "jit_enabled_for",
+    "load",
+    "model_config",
+    "register_family",
+    "reload_settings",
+]
+
+_ENGINE_NAMES = frozenset({"Acquired", "acquire", "clear_memo", "get_module", "load"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ENGINE_NAMES:
+        from . import engine
+
+        value = getattr(engine, name)
+        globals()[name] = value  # later lookups skip this hook
+        return value
+    raise AttributeError(f"module 'flashcompress.jit' has no attribute {name!r}")

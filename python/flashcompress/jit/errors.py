@@ -1,0 +1,111 @@
+"""Exceptions raised by the JIT engine.
+
+Every error names the variant it concerns (``VariantKey.describe()``) and says
+what to do next.  They all derive from ``JitError`` (a ``RuntimeError``), so a
+caller can catch the family without importing the engine internals.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+__all__ = [
+    "BuildError",
+    "CacheCorruptionWarning",
+    "CacheNotWritable",
+    "CaptureBuildError",
+    "JitError",
+    "LockTimeout",
+    "OfflineCacheMiss",
+    "UnknownFamily",
+]
+
+
+class JitError(RuntimeError):
+    """Base class of every JIT engine error."""
+
+
+class UnknownFamily(JitError, KeyError):
+    """A variant names a kernel family nobody registered."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class OfflineCacheMiss(JitError):
+    """``FLASHCOMPRESS_OFFLINE=1`` and the variant is not in the cache."""
+
+    def __init__(self, variant: str, leaf: Path, command: str) -> None:
+        self.variant = variant
+        self.leaf = leaf
+        self.command = command
+        super().__init__(
+            f"JIT variant {variant} is not in the cache (expected at {leaf}) and FLASHCOMPRESS_OFFLINE=1 "
+            f"forbids compiling at runtime. Build it ahead of time with:\n    {command}"
+        )
+
+
+class CaptureBuildError(JitError):
+    """A build or first load was requested while a CUDA graph is being captured."""
+
+    def __init__(self, variant: str, command: str) -> None:
+        self.variant = variant
+        self.command = command
+        super().__init__(
+            f"JIT variant {variant} would be compiled/loaded for the first time during CUDA-graph capture, "
+            f"which is not allowed. Load every variant before capturing (prewarm with `{command}` and call "
+            f"the op once before capture)."
+        )
+
+
+class CacheNotWritable(JitError):
+    """The cache directory (or a parent) cannot be written, and a build is needed."""
+
+    def __init__(self, variant: str, path: Path, reason: str, hint: str) -> None:
+        self.variant = variant
+        self.path = path
+        super().__init__(
+            f"cannot build JIT variant {variant}: the cache directory {path} is not writable ({reason}). "
+            f"To use another directory, {hint}; or prewarm this cache where it is writable."
+        )
+
+
+class LockTimeout(JitError):
+    """Another process held a variant's build lock for longer than ``lock_timeout_s``."""
+
+    def __init__(self, variant: str, lock_path: Path, seconds: float) -> None:
+        self.variant = variant
+        self.lock_path = lock_path
+        super().__init__(
+            f"timed out after {seconds:.0f} s waiting for the build lock {lock_path} of JIT variant {variant}; "
+            f"another process is building it (or hung while doing so). Raise FLASHCOMPRESS_LOCK_TIMEOUT_S or "
+            f"stop that process."
+        )
+
+
+class BuildError(JitError):
+    """A compiler or linker command failed; the full log is kept on disk."""
+
+    def __init__(
+        self,
+        variant: str,
+        command: str,
+        first_errors: Sequence[str],
+        log_path: Path,
+        returncode: int | None = None,
+    ) -> None:
+        self.variant = variant
+        self.command = command
+        self.first_errors = list(first_errors)
+        self.log_path = log_path
+        self.returncode = returncode
+        excerpt = "\n".join(f"    {line}" for line in self.first_errors) or "    (no output)"
+        super().__init__(
+            f"failed to build JIT variant {variant}\n  command: {command}\n  first errors:\n{excerpt}\n"
+            f"  full log: {log_path}"
+        )
+
+
+class CacheCorruptionWarning(RuntimeWarning):
+    """A cached library failed to load or did not match its manifest; it is removed and rebuilt."""

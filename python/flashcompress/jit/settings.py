@@ -1,0 +1,431 @@
+"""JIT settings: shipped defaults < user config file < ``FLASHCOMPRESS_*`` environment.
+
+Every setting has exactly one TOML key and one environment variable, named
+``FLASHCOMPRESS_<KEY>`` (upper case).  The defaults live in ``.cache-config.toml``
+at the repository root, shipped as ``flashcompress/default-cache-config.toml``;
+``SCHEMA`` below gives each key its type and meaning and is the source of the
+table in ``docs/settings.md`` (``flashcompress config --markdown``).
+
+Settings are read once per process, on first use; ``reload_settings()`` forgets
+them (tests, or a process that changes its environment on purpose).
+
+This module is imported by ``flashcompress.jit`` at import time, so it must stay
+cheap: standard library only, no torch, no tvm-ffi.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+__all__ = [
+    "SCHEMA",
+    "Setting",
+    "Settings",
+    "SettingsError",
+    "debug_checks_enabled",
+    "default_config_path",
+    "forget_settings",
+    "get_settings",
+    "jit_enabled_for",
+    "markdown_table",
+    "reload_settings",
+    "user_config_path",
+]
+
+ENV_PREFIX = "FLASHCOMPRESS_"
+CONFIG_ENV = "FLASHCOMPRESS_CONFIG"
+
+
+class SettingsError(ValueError):
+    """A config file or environment variable holds a value the schema rejects."""
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
+
+
+def _parse_list(text: str) -> list[str]:
+    return [part for part in re.split(r"[\s,;]+", text.strip()) if part]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One configurable value: its TOML key, Python type and documentation."""
+
+    key: str
+    kind: str  # "str" | "int" | "bool" | "list" | "choice"
+    meaning: str
+    choices: tuple[str, ...] = ()
+
+    @property
+    def env(self) -> str:
+        """The environment variable that overrides this setting."""
+        return ENV_PREFIX + self.key.upper()
+
+    def coerce(self, value: Any, origin: str) -> Any:
+        """Convert a TOML value or an environment string to this setting's type."""
+        try:
+            if self.kind == "bool":
+                if isinstance(value, bool):
+                    return value
+                if isinstance(value, str):
+                    return _parse_bool(value)
+                if isinstance(value, int) and value in (0, 1):
+                    return bool(value)
+                raise ValueError(f"expected a boolean, got {value!r}")
+            if self.kind == "int":
+                if isinstance(value, bool):
+                    raise ValueError(f"expected an integer, got {value!r}")
+                result = int(value.strip()) if isinstance(value, str) else int(value)
+                if result < 0:
+                    raise ValueError(f"expected a non-negative integer, got {result}")
+                return result
+            if self.kind == "list":
+                if isinstance(value, str):
+                    return tuple(_parse_list(value))
+                if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                    return tuple(value)
+                raise ValueError(f"expected a list of strings, got {value!r}")
+            if not isinstance(value, str):
+                raise ValueError(f"expected a string, got {value!r}")
+            if self.kind == "choice":
+                choice = value.strip().lower()
+                if choice not in self.choices:
+                    raise ValueError(f"expected one of {', '.join(self.choices)}, got {value!r}")
+                return choice
+            return value.strip()
+        except ValueError as exc:
+            raise SettingsError(f"{origin}: setting {self.key!r}: {exc}") from None
+
+
+SCHEMA: tuple[Setting, ...] = (
+    Setting("cache_dir", "str", "Root of the compiled-kernel cache (`~` and `$VARS` expanded). Must be "
+            "writable wherever a variant may be built; a prewarmed cache may be read-only."),
+    Setting("gpu_backend", "choice", "GPU toolchain: `auto` (HIP when torch is a ROCm build, else CUDA), "
+            "`cuda` (nvcc) or `hip` (hipcc). Chosen once per process.", ("auto", "cuda", "hip")),
+    Setting("cuda_arch", "str", "CUDA target override, e.g. `9.0a`. Empty: the current GPU's compute "
+            "capability (`a` suffix from 9.0 on), else the first of `default_cuda_archs`."),
+    Setting("hip_arch", "str", "HIP target override, e.g. `gfx942`. Empty: the current GPU's "
+            "`gcnArchName`, else the first of `default_hip_archs`."),
+    Setting("default_cuda_archs", "list", "CUDA targets for machines without a GPU (build boxes, CI); "
+            "`flashcompress prewarm` builds every one of them. Env: space- or comma-separated."),
+    Setting("default_hip_archs", "list", "HIP targets for machines without a GPU."),
+    Setting("jobs", "int", "Parallel compiler processes. 0: min(CPU cores, available memory / 2 GiB). "
+            "`prewarm -j` overrides it."),
+    Setting("size_cap_mb", "int", "Soft cap on the cache size in MiB, enforced after each build by evicting "
+            "other package versions first, then the least recently loaded entries. 0: unlimited."),
+    Setting("lock_timeout_s", "int", "Seconds to wait for another process that is building the same "
+            "variant before failing with an error naming the lock file."),
+    Setting("offline", "bool", "Never compile: a cache miss raises `OfflineCacheMiss`, naming the variant "
+            "and the exact `flashcompress prewarm` command that would build it."),
+    Setting("force_rebuild", "bool", "Ignore cached entries and rebuild each variant once per process "
+            "(the new build replaces the old entry)."),
+    Setting("verbose", "bool", "Log cache hits, misses and every compiler command with its output to "
+            "stderr (logger `flashcompress.jit`)."),
+    Setting("backend", "choice", "`auto`: JIT kernels for CUDA tensors, PyTorch for CPU tensors. `torch`: "
+            "the PyTorch backend even for CUDA tensors. `jit` is accepted as a synonym of `auto`.",
+            ("auto", "torch", "jit")),
+    Setting("debug", "bool", "Enable expensive data-dependent checks (they synchronise with the GPU)."),
+)
+
+_BY_KEY: dict[str, Setting] = {s.key: s for s in SCHEMA}
+
+
+# --------------------------------------------------------------------------- TOML
+
+
+def _parse_toml_scalar(token: str, where: str) -> Any:
+    token = token.strip()
+    if token.startswith('"') and token.endswith('"') and len(token) >= 2:
+        body = token[1:-1]
+        return re.sub(r'\\(["\\nt])', lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
+    if token.startswith("'") and token.endswith("'") and len(token) >= 2:
+        return token[1:-1]
+    if token in ("true", "false"):
+        return token == "true"
+    if re.fullmatch(r"[+-]?\d[\d_]*", token):
+        return int(token.replace("_", ""))
+    if re.fullmatch(r"[+-]?\d[\d_]*\.\d[\d_]*([eE][+-]?\d+)?", token):
+        return float(token.replace("_", ""))
+    raise SettingsError(f"{where}: unsupported TOML value {token!r}")
+
+
+def _split_array(body: str) -> list[str]:
+    items, depth, quote, current = [], 0, "", ""
+    for ch in body:
+        if quote:
+            current += ch
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+            current += ch
+        elif ch == ",":
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    items.append(current)
+    return [item for item in (i.strip() for i in items) if item]
+
+
+def _strip_comment(line: str) -> str:
+    quote = ""
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = ""
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "#":
+            return line[:i]
+    return line
+
+
+def parse_flat_toml(text: str, where: str = "<toml>") -> dict[str, Any]:
+    """Parse the flat TOML subset flashcompress config files use (fallback for Python 3.10).
+
+    Supported: comments, ``key = value`` with strings, integers, floats, booleans
+    and one-line arrays of those.  Tables and multi-line values are rejected.
+    """
+    result: dict[str, Any] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = _strip_comment(raw).strip()
+        if not line:
+            continue
+        match = re.fullmatch(r"([A-Za-z0-9_-]+)\s*=\s*(.+)", line)
+        if not match:
+            raise SettingsError(f"{where}:{lineno}: expected `key = value`, got {raw.strip()!r}")
+        key, value = match.group(1), match.group(2).strip()
+        if value.startswith("["):
+            if not value.endswith("]"):
+                raise SettingsError(f"{where}:{lineno}: arrays must fit on one line")
+            result[key] = [_parse_toml_scalar(v, f"{where}:{lineno}") for v in _split_array(value[1:-1])]
+        else:
+            result[key] = _parse_toml_scalar(value, f"{where}:{lineno}")
+    return result
+
+
+def _read_toml(path: Path, *, flat: bool = False) -> dict[str, Any]:
+    """Parse a config file; ``flat=True`` uses the subset parser (the shipped defaults: no tomllib import)."""
+    text = path.read_text(encoding="utf-8")
+    if not flat and sys.version_info >= (3, 11):
+        import tomllib
+
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise SettingsError(f"{path}: {exc}") from None
+    return parse_flat_toml(text, str(path))
+
+
+# --------------------------------------------------------------------------- resolution
+
+
+def default_config_path() -> Path:
+    """The shipped defaults: ``flashcompress/default-cache-config.toml`` (repo: ``.cache-config.toml``)."""
+    package_dir = Path(__file__).resolve().parent.parent
+    shipped = package_dir / "default-cache-config.toml"
+    if shipped.is_file():
+        return shipped
+    return package_dir.parent.parent / ".cache-config.toml"
+
+
+def user_config_path(environ: Mapping[str, str] | None = None) -> Path:
+    """``$FLASHCOMPRESS_CONFIG``, else ``$XDG_CONFIG_HOME/flashcompress/config.toml`` (``~/.config``)."""
+    env = os.environ if environ is None else environ
+    explicit = env.get(CONFIG_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    base = env.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "flashcompress" / "config.toml"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The effective settings of this process, and where each value came from."""
+
+    cache_dir: Path
+    gpu_backend: str
+    cuda_arch: str
+    hip_arch: str
+    default_cuda_archs: tuple[str, ...]
+    default_hip_archs: tuple[str, ...]
+    jobs: int
+    size_cap_mb: int
+    lock_timeout_s: int
+    offline: bool
+    force_rebuild: bool
+    verbose: bool
+    backend: str
+    debug: bool
+    origins: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    config_files: tuple[Path, ...] = field(default=(), compare=False, repr=False)
+
+    @staticmethod
+    def resolve(environ: Mapping[str, str] | None = None) -> "Settings":
+        """Read defaults, the user file and the environment (in that order of precedence)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        origins: dict[str, str] = {}
+        files: list[Path] = []
+
+        def apply(table: Mapping[str, Any], origin: str, *, require_all: bool) -> None:
+            for key, raw in table.items():
+                setting = _BY_KEY.get(key)
+                if setting is None:
+                    known = ", ".join(sorted(_BY_KEY))
+                    raise SettingsError(f"{origin}: unknown setting {key!r} (known: {known})")
+                values[key] = setting.coerce(raw, origin)
+                origins[key] = origin
+            if require_all:
+                missing = sorted(set(_BY_KEY) - set(table))
+                if missing:
+                    raise SettingsError(f"{origin}: defaults file lacks {', '.join(missing)}")
+
+        default_path = default_config_path()
+        apply(_read_toml(default_path, flat=True), str(default_path), require_all=True)
+        files.append(default_path)
+        user_path = user_config_path(env)
+        if user_path.is_file():
+            apply(_read_toml(user_path), str(user_path), require_all=False)
+            files.append(user_path)
+        elif env.get(CONFIG_ENV):
+            raise SettingsError(f"{CONFIG_ENV}={env[CONFIG_ENV]!r}: no such file")
+        for setting in SCHEMA:
+            if setting.env in env:
+                values[setting.key] = setting.coerce(env[setting.env], setting.env)
+                origins[setting.key] = f"${setting.env}"
+        values["cache_dir"] = Path(os.path.expandvars(os.path.expanduser(values["cache_dir"])))
+        return Settings(**values, origins=origins, config_files=tuple(files))
+
+    def origin(self, key: str) -> str:
+        """Where the value of ``key`` came from: a file path or ``$FLASHCOMPRESS_<KEY>``."""
+        return self.origins.get(key, "?")
+
+    def how_to_set(self, key: str) -> str:
+        """A human hint naming both ways to change ``key``."""
+        return f"set {_BY_KEY[key].env} or `{key}` in {user_config_path()}"
+
+
+_CURRENT: Settings | None = None
+
+
+def get_settings() -> Settings:
+    """The process's settings, resolved on first use."""
+    global _CURRENT
+    if _CURRENT is None:
+        _CURRENT = Settings.resolve()
+    return _CURRENT
+
+
+def forget_settings() -> None:
+    """Drop the cached settings (and everything derived from them); the next use reads them again."""
+    global _CURRENT, _JIT_ENABLED, _DEBUG
+    _CURRENT = None
+    _JIT_ENABLED = None
+    _DEBUG = None
+    for hook in _RELOAD_HOOKS:
+        hook()
+
+
+def reload_settings() -> Settings:
+    """Forget the cached settings and read them again (after changing the environment)."""
+    forget_settings()
+    return get_settings()
+
+
+_RELOAD_HOOKS: list[Callable[[], None]] = []
+
+
+def on_reload(hook: Callable[[], None]) -> None:
+    """Register a callback run by ``reload_settings`` (other modules drop their derived caches)."""
+    _RELOAD_HOOKS.append(hook)
+
+
+# --------------------------------------------------------------------------- hot-path queries
+
+_JIT_ENABLED: bool | None = None
+_DEBUG: bool | None = None
+
+
+def jit_enabled_for(device: Any) -> bool:
+    """True when a call on ``device`` (a ``torch.device``) should launch JIT kernels.
+
+    CPU tensors always use the PyTorch backend; GPU tensors (``device.type == "cuda"``,
+    which includes ROCm builds of torch) use JIT kernels unless ``backend = "torch"``.
+    """
+    global _JIT_ENABLED
+    if getattr(device, "type", device) != "cuda":
+        return False
+    if _JIT_ENABLED is None:
+        _JIT_ENABLED = get_settings().backend != "torch"
+    return _JIT_ENABLED
+
+
+def debug_checks_enabled() -> bool:
+    """True when ``FLASHCOMPRESS_DEBUG`` asks for expensive data-dependent checks."""
+    global _DEBUG
+    if _DEBUG is None:
+        _DEBUG = get_settings().debug
+    return _DEBUG
+
+
+# --------------------------------------------------------------------------- documentation
+
+
+def _format_default(value: Any) -> str:
+    if isinstance(value, bool):
+        return "`true`" if value else "`false`"
+    if isinstance(value, (list, tuple)):
+        return "`[" + ", ".join(f'"{v}"' for v in value) + "]`"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    return f"`{value}`"
+
+
+def markdown_table() -> str:
+    """The settings reference as Markdown (the content of ``docs/settings.md``)."""
+    defaults = _read_toml(default_config_path(), flat=True)
+    lines = [
+        "# flashcompress settings",
+        "",
+        "<!-- generated by `flashcompress config --markdown`; edit python/flashcompress/jit/settings.py -->",
+        "",
+        "Precedence, lowest first: the shipped defaults (`.cache-config.toml`, installed as "
+        "`flashcompress/default-cache-config.toml`), the user file (`$FLASHCOMPRESS_CONFIG`, else "
+        "`$XDG_CONFIG_HOME/flashcompress/config.toml`, else `~/.config/flashcompress/config.toml`; flat "
+        "`key = value` lines), then the environment variable. Booleans accept `1/0/true/false/yes/no/on/off`. "
+        "Settings are read once per process. `flashcompress config` prints the effective values and "
+        "where each came from.",
+        "",
+        "| environment variable | config key | default | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for setting in SCHEMA:
+        lines.append(
+            f"| `{setting.env}` | `{setting.key}` | {_format_default(defaults[setting.key])} | {setting.meaning} |"
+        )
+    lines.append(f"| `{CONFIG_ENV}` | — | unset | Path of the user config file (must exist when set). |")
+    lines += [
+        "",
+        "Toolchain variables honoured (not flashcompress-specific): `CUDA_HOME` / `CUDA_PATH` (CUDA toolkit "
+        "root; else derived from `nvcc` on `PATH`, else `/usr/local/cuda`), `ROCM_HOME` / `ROCM_PATH` (else "
+        "`/opt/rocm`), `CXX` (host compiler, default `c++`). Their `--version` output is part of every cache "
+        "key, so the toolchain must also be installed where prewarmed variants are loaded.",
+        "",
+    ]
+    return "\n".join(lines)

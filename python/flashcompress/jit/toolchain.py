@@ -1,0 +1,187 @@
+"""Toolchain discovery and fingerprinting: device compiler, host compiler, tvm-ffi.
+
+The cache key includes the ``--version`` output of the device compiler (nvcc or
+hipcc) and of the host compiler.  Running them costs ~10 ms, too much for a
+cache hit in a fresh process, so their output is memoised on disk under
+``<cache root>/.toolchain/`` keyed by the resolved binary's path, size, inode
+and mtime: a reinstalled compiler is a different file and is probed again.
+
+Resolution (never guessed from a wrapper script's location):
+  CUDA root  ``$CUDA_HOME`` / ``$CUDA_PATH``, else ``nvcc`` on PATH if its
+             grandparent holds ``include/cuda_runtime.h``, else ``/usr/local/cuda``
+  ROCm root  ``$ROCM_HOME`` / ``$ROCM_PATH``, else ``/opt/rocm``
+  host       ``$CXX``, else ``c++``
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+__all__ = ["Toolchain", "TvmFfiInfo", "get_toolchain", "tvm_ffi_info"]
+
+
+@dataclass(frozen=True)
+class TvmFfiInfo:
+    """Where tvm-ffi's headers and library are, and its version."""
+
+    version: str
+    include_dirs: tuple[Path, ...]
+    lib_dir: Path
+    lib_name: str  # "tvm_ffi" (linked as -ltvm_ffi)
+
+
+@lru_cache(maxsize=None)
+def tvm_ffi_info() -> TvmFfiInfo:
+    """Locate tvm-ffi (imports it)."""
+    import tvm_ffi
+    from tvm_ffi import libinfo
+
+    includes = []
+    for path in (libinfo.find_include_path(), libinfo.find_dlpack_include_path()):
+        if path and Path(path) not in includes:
+            includes.append(Path(path))
+    lib = Path(libinfo.find_libtvm_ffi())
+    stem = lib.name.split(".", 1)[0]
+    return TvmFfiInfo(
+        version=str(tvm_ffi.__version__),
+        include_dirs=tuple(includes),
+        lib_dir=lib.parent,
+        lib_name=stem[3:] if stem.startswith("lib") else stem,
+    )
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """Compilers and library roots used to build variants of one backend."""
+
+    backend: str  # "cuda" | "hip"
+    root: Path  # CUDA_HOME or ROCm root (as configured, symlinks kept for rpaths)
+    device_compiler: Path  # nvcc / hipcc
+    host_compiler: Path  # c++
+    device_version: str
+    host_version: str
+
+    @property
+    def include_dir(self) -> Path:
+        """Runtime headers (``cuda_runtime.h`` / ``hip/hip_runtime.h``)."""
+        return self.root / "include"
+
+    @property
+    def lib_dir(self) -> Path:
+        """Directory of the GPU runtime library."""
+        return self.root / ("lib64" if self.backend == "cuda" else "lib")
+
+    @property
+    def runtime_lib(self) -> str:
+        """The GPU runtime linked into each module (``cudart`` / ``amdhip64``)."""
+        return "cudart" if self.backend == "cuda" else "amdhip64"
+
+    def fingerprint(self) -> dict[str, str]:
+        """What the cache key records about the compilers."""
+        return {"backend": self.backend, "device": self.device_version, "host": self.host_version}
+
+
+def _cuda_root() -> Path:
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        value = os.environ.get(var)
+        if value:
+            return Path(value)
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidate = Path(os.path.realpath(nvcc)).parent.parent
+        if (candidate / "include" / "cuda_runtime.h").is_file():
+            return candidate
+    return Path("/usr/local/cuda")
+
+
+def _rocm_root() -> Path:
+    for var in ("ROCM_HOME", "ROCM_PATH"):
+        value = os.environ.get(var)
+        if value:
+            return Path(value)
+    return Path("/opt/rocm")
+
+
+def _host_compiler() -> Path:
+    name = os.environ.get("CXX") or "c++"
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"host C++ compiler {name!r} not found (set CXX)")
+    return Path(found)
+
+
+def _probe_version(binary: Path, cache_dir: Path | None, extra_env: dict[str, str] | None = None) -> str:
+    """``binary --version``, memoised on disk by the resolved file's identity."""
+    real = Path(os.path.realpath(binary))
+    st = real.stat()
+    ident = f"{real}\0{st.st_size}\0{st.st_ino}\0{st.st_mtime_ns}\0{sorted((extra_env or {}).items())}"
+    digest = hashlib.sha256(ident.encode()).hexdigest()[:24]
+    memo = cache_dir / f"{digest}.txt" if cache_dir is not None else None
+    if memo is not None:
+        try:
+            return memo.read_text(encoding="utf-8")
+        except OSError:
+            pass
+    env = dict(os.environ, **(extra_env or {}))
+    proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"`{binary} --version` failed ({proc.returncode}): {proc.stderr.strip()[:500]}")
+    text = proc.stdout.strip()
+    if memo is not None:
+        try:
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo.with_name(f".{memo.name}.{os.urandom(8).hex()}.tmp")  # unique per thread and process
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, memo)
+        except OSError:
+            pass  # read-only cache: probe again next process
+    return text
+
+
+_TOOLCHAINS: dict[tuple[str, str], Toolchain] = {}
+
+
+def get_toolchain(backend: str, cache_root: Path | None) -> Toolchain:
+    """The toolchain for ``backend`` (memoised per process and cache root)."""
+    memo_key = (backend, str(cache_root))
+    cached = _TOOLCHAINS.get(memo_key)
+    if cached is not None:
+        return cached
+    probe_dir = cache_root / ".toolchain" if cache_root is not None else None
+    host = _host_compiler()
+    if backend == "cuda":
+        root = _cuda_root()
+        device = root / "bin" / "nvcc"
+        env = None
+    elif backend == "hip":
+        root = _rocm_root()
+        device = root / "bin" / "hipcc"
+        if not device.exists() and shutil.which("hipcc"):
+            device = Path(shutil.which("hipcc"))  # type: ignore[arg-type]
+        env = {"HIP_PLATFORM": "amd"}
+    else:
+        raise ValueError(f"unknown GPU backend {backend!r}")
+    if not device.exists():
+        var = "CUDA_HOME" if backend == "cuda" else "ROCM_PATH"
+        raise FileNotFoundError(f"{device.name} not found at {device}; set {var} to the toolkit root")
+    toolchain = Toolchain(
+        backend=backend,
+        root=root,
+        device_compiler=device,
+        host_compiler=host,
+        device_version=_probe_version(device, probe_dir, env),
+        host_version=_probe_version(host, probe_dir),
+    )
+    _TOOLCHAINS[memo_key] = toolchain
+    return toolchain
+
+
+def clear_toolchain_memo() -> None:
+    """Forget probed toolchains (tests that switch compilers)."""
+    _TOOLCHAINS.clear()

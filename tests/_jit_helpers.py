@@ -1,0 +1,83 @@
+"""Shared helpers for the JIT engine and CLI tests (imported by test_jit_engine.py / test_cli.py).
+
+``nvcc`` tests need nvcc, a host compiler and apache-tvm-ffi; they compile for
+sm_90a on any machine (no GPU needed).  All tests share one session cache
+directory under pytest's base temp dir, so a variant built by one test is a hit
+for the next; tests that damage entries use variants of their own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON_DIR = REPO / "python"
+
+
+def _cuda_home() -> Path:
+    return Path(os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda")
+
+
+def toolchain_missing() -> str | None:
+    """Why nvcc tests cannot run here, or None."""
+    if not (_cuda_home() / "bin" / "nvcc").exists():
+        return f"nvcc not found under {_cuda_home()} (set CUDA_HOME)"
+    if shutil.which(os.environ.get("CXX") or "c++") is None:
+        return "no host C++ compiler"
+    try:
+        import tvm_ffi  # noqa: F401
+    except ImportError:
+        return "apache-tvm-ffi is not installed"
+    return None
+
+
+requires_nvcc = pytest.mark.skipif(toolchain_missing() is not None, reason=str(toolchain_missing()))
+
+# Environment every JIT test runs under (FLASHCOMPRESS_CACHE_DIR is added per fixture).
+BASE_ENV = {
+    "CUDA_HOME": str(_cuda_home()),
+    "FLASHCOMPRESS_CUDA_ARCH": "9.0a",
+    "FLASHCOMPRESS_SIZE_CAP_MB": "0",
+}
+
+
+def clean_environ(cache_dir: Path, config_home: Path, **extra: str) -> dict[str, str]:
+    """``os.environ`` minus every FLASHCOMPRESS_* variable, plus the test settings."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLASHCOMPRESS_")}
+    env.update(BASE_ENV)
+    env["FLASHCOMPRESS_CACHE_DIR"] = str(cache_dir)
+    env["XDG_CONFIG_HOME"] = str(config_home)  # no user config file
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PYTHON_DIR), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def apply_environ(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    """Make ``env`` the process environment for one test and reset the engine's caches."""
+    for key in [k for k in os.environ if k.startswith("FLASHCOMPRESS_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    reset_engine()
+
+
+def reset_engine() -> None:
+    """Forget settings, memoised modules, targets and digests."""
+    from flashcompress.jit import engine, render, settings, toolchain
+
+    settings.forget_settings()
+    engine.clear_memo()
+    render.clear_digest_memo()
+    toolchain.clear_toolchain_memo()
+
+
+def run_python(code: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``code`` in a fresh interpreter with ``env``."""
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)

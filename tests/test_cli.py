@@ -1,0 +1,269 @@
+"""``flashcompress`` command-line tests: prewarm (list/dry-run/build/failures), cache, config, demo.
+
+Builds go to the session-wide cache shared with test_jit_engine.py (same directory
+name under pytest's base temp dir), so variants built there are hits here.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from _jit_helpers import REPO, apply_environ, clean_environ, requires_nvcc, reset_engine
+
+from flashcompress import cli, jit
+from flashcompress.jit import build, cache, engine, family
+
+PLAN_FLASH = [
+    "plan(ratio=4, online=False) @ cuda:9.0a",
+    "plan(ratio=128, online=False) @ cuda:9.0a",
+    "plan(ratio=128, online=True) @ cuda:9.0a",
+]
+
+
+def plan_family_missing() -> str | None:
+    try:
+        family.discover_families()
+    except Exception as exc:  # noqa: BLE001
+        return f"importing the families failed: {exc}"
+    return None if "plan" in family.families() else "the plan family is not registered yet"
+
+
+@pytest.fixture(scope="session")
+def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.getbasetemp() / "jit-cache-shared"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture()
+def jit_env(shared_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = clean_environ(shared_cache, tmp_path / "xdg")
+    apply_environ(monkeypatch, env)
+    yield env
+    reset_engine()
+
+
+@pytest.fixture()
+def private_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    env = clean_environ(tmp_path / "cache", tmp_path / "xdg")
+    apply_environ(monkeypatch, env)
+    yield env
+    reset_engine()
+
+
+def run_cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    """``flashcompress ARGV`` in this process (fresh in-process memo, as a new process would have)."""
+    engine.clear_memo()
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_subprocess(env: dict[str, str], *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flashcompress", *argv], env=env, capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+# ----------------------------------------------------------------------------- prewarm: the variant set
+
+
+@requires_nvcc
+@pytest.mark.nvcc
+def test_prewarm_dry_run_model_flash_lists_plan_variants(private_env: dict[str, str]) -> None:
+    reason = plan_family_missing()
+    if reason:
+        pytest.skip(reason)
+    proc = cli_subprocess(private_env, "prewarm", "--dry-run", "--model", "deepseek-v4-flash")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if "@ cuda:" in line]
+    assert [line.split("  ")[0].strip() for line in lines] == PLAN_FLASH
+    assert all("to build" in line for line in lines)
+    assert "3 variant(s); nothing compiled" in proc.stdout
+    root = Path(private_env["FLASHCOMPRESS_CACHE_DIR"])
+    assert not list(root.glob("*/*/*/*/variant.json")), "a dry run must not build"
+
+
+def test_prewarm_list_model_and_all(private_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli("prewarm", "--list", "--import", "flashcompress.jit.selftest", "--model", "deepseek-v4-pro",
+                           capsys=capsys)
+    assert code == 0
+    listed = out.splitlines()[:-1]
+    assert "selftest(block=128, value=4) @ cuda:9.0a" in listed
+    assert "selftest(block=256, value=128) @ cuda:9.0a" in listed
+    if "plan" in family.families():
+        assert listed[:3] == PLAN_FLASH or set(PLAN_FLASH) <= set(listed)
+        code, out, _ = run_cli("prewarm", "--list", "--all", capsys=capsys)
+        assert code == 0 and set(PLAN_FLASH) <= set(out.splitlines())
+        assert not any(line.startswith("selftest(") for line in out.splitlines())  # not part of --all
+        code, out, _ = run_cli("prewarm", "--list", "plan:ratio=128", "--arch", "9.0a", "--arch", "10.0a",
+                               capsys=capsys)
+        assert out.splitlines()[:-1] == [
+            "plan(ratio=128, online=False) @ cuda:9.0a", "plan(ratio=128, online=True) @ cuda:9.0a",
+            "plan(ratio=128, online=False) @ cuda:10.0a", "plan(ratio=128, online=True) @ cuda:10.0a"]
+
+
+@pytest.mark.parametrize("argv,message", [
+    ((), "give variant specs"),
+    (("nosuchfamily:x=1",), "unknown JIT kernel family"),
+    (("--model", "llama-3"), "unknown model"),
+    (("--import", "flashcompress.jit.selftest", "selftest:value=1"), "missing parameter 'block'"),
+])
+def test_prewarm_usage_errors(private_env: dict[str, str], capsys: pytest.CaptureFixture[str],
+                              argv: tuple[str, ...], message: str) -> None:
+    code, _, err = run_cli("prewarm", "--list", *argv, capsys=capsys)
+    assert code == 2 and message in err
+
+
+# ----------------------------------------------------------------------------- prewarm: builds
+
+
+@requires_nvcc
+@pytest.mark.nvcc
+def test_prewarm_builds_then_second_run_compiles_nothing(jit_env: dict[str, str],
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["prewarm", "-j", "2", "--import", "flashcompress.jit.selftest", "selftest:value=3,block=128",
+            "selftest:value=41,block=64"]
+    expected = {"selftest(block=128, value=3) @ cuda:9.0a", "selftest(block=64, value=41) @ cuda:9.0a"}
+    if plan_family_missing() is None:
+        argv += ["--model", "deepseek-v4-flash"]  # the plan variants, plus selftest's preset (imported above)
+        expected |= set(PLAN_FLASH) | {"selftest(block=128, value=4) @ cuda:9.0a"}
+    code, out, err = run_cli(*argv, capsys=capsys)
+    assert code == 0, out + err
+    progress = [line for line in out.splitlines() if re.match(r"\[\s*\d+/\d+\]", line)]
+    assert len(progress) == len(expected)
+    header = next(line for line in out.splitlines() if line.startswith("variant"))
+    assert header.split() == ["variant", "status", "seconds", "cache", "path"]
+    for line in out.splitlines():
+        if "@ cuda:" in line and not line.startswith("["):
+            assert re.search(r"\s(built|hit|waited)\s+\d+\.\d\d\s+/", line), line
+    builds = build.build_counter()
+    code, out, _ = run_cli(*argv, capsys=capsys)
+    assert code == 0
+    assert build.build_counter() == builds, "the second prewarm compiled something"
+    assert f"{len(expected)} variant(s)" in out and f": {len(expected)} hit" in out
+    assert all(re.search(r"\]\s+hit\s", line) for line in out.splitlines() if line.startswith("["))
+
+
+@requires_nvcc
+@pytest.mark.nvcc
+def test_prewarm_failure_exits_nonzero_with_first_error(jit_env: dict[str, str],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli("prewarm", "--import", "flashcompress.jit.selftest", "selftest:value=5,block=100",
+                           "selftest:value=3,block=128", capsys=capsys)
+    assert code == 1
+    assert "FAILED selftest(block=100, value=5) @ cuda:9.0a" in out
+    assert "static assertion failed" in out and "full log:" in out and "command:" in out
+    assert re.search(r"selftest\(block=128, value=3\) @ cuda:9\.0a\s+(hit|built)", out)
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+def _populate(shared: Path, private: Path) -> Path:
+    """Copy the selftest(value=3) entry from the shared cache into ``private`` and add debris."""
+    source = next(shared.glob(f"{cache.package_version()}/sm90a/fc_selftest_block128_value3/*/variant.json")).parent
+    leaf = private / cache.package_version() / "sm90a" / source.parent.name / source.name
+    shutil.copytree(source, leaf)
+    cache.ensure_root(private)
+    other = private / "0.0.1" / "sm90a" / source.parent.name / source.name
+    shutil.copytree(source, other)
+    old_staging = leaf.parent / f".staging-{source.name}-deadbeef"
+    old_staging.mkdir()
+    os.utime(old_staging, (time.time() - 7200, time.time() - 7200))
+    (leaf.parent / f"{source.name}.failed").mkdir()
+    return leaf
+
+
+@requires_nvcc
+@pytest.mark.nvcc
+def test_cache_info_list_verify_clean(jit_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    jit.acquire(jit.VariantKey.make("selftest", value=3, block=128))  # make sure the shared entry exists
+    private = tmp_path / "private-cache"
+    leaf = _populate(Path(jit_env["FLASHCOMPRESS_CACHE_DIR"]), private)
+    monkeypatch.setenv("FLASHCOMPRESS_CACHE_DIR", str(private))
+    reset_engine()
+
+    code, out, _ = run_cli("cache", "info", capsys=capsys)
+    assert code == 0 and str(private) in out
+    counts = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\S+)\s+(\d+)\s", out, re.M)}
+    assert counts == {"current": 1, "other-version": 1, "failed": 1, "staging": 1}
+
+    code, out, _ = run_cli("cache", "list", capsys=capsys)
+    assert code == 0 and "selftest(block=128, value=3) @ cuda:9.0a" in out and "4 item(s)" in out
+
+    code, out, _ = run_cli("cache", "verify", capsys=capsys)
+    assert code == 0 and "2 entries verified, 0 bad" in out
+
+    code, out, _ = run_cli("cache", "clean", "--stale", capsys=capsys)
+    assert code == 0 and "removed 3 item(s)" in out
+    assert leaf.is_dir() and not (private / "0.0.1").exists()
+
+    library = leaf / "fc_selftest_block128_value3.so"
+    truncated = library.with_name("truncated.tmp")
+    truncated.write_bytes(library.read_bytes()[:100])
+    os.replace(truncated, library)  # a new inode: the copy verify just loaded stays intact
+    code, out, _ = run_cli("cache", "verify", capsys=capsys)
+    assert code == 1 and "BAD" in out and "1 bad" in out
+
+    code, out, _ = run_cli("cache", "clean", capsys=capsys)
+    assert code == 0 and not list(private.glob("*/*"))
+    assert (private / cache.CACHEDIR_TAG).is_file()
+
+    untagged = tmp_path / "not-a-cache"
+    (untagged / "precious").mkdir(parents=True)
+    monkeypatch.setenv("FLASHCOMPRESS_CACHE_DIR", str(untagged))
+    reset_engine()
+    code, _, err = run_cli("cache", "clean", capsys=capsys)
+    assert code == 1 and "refusing" in err and (untagged / "precious").is_dir()
+
+
+def test_cache_info_empty(private_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli("cache", "info", capsys=capsys)
+    assert code == 0 and "(empty)" in out
+
+
+# ----------------------------------------------------------------------------- config, demo, entry points
+
+
+def test_config_command(private_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli("config", capsys=capsys)
+    assert code == 0
+    assert re.search(r"^cache_dir\s+\S+\s+\$FLASHCOMPRESS_CACHE_DIR$", out, re.M)
+    assert re.search(r"^default_cuda_archs\s+9\.0a\s+\S+cache-config\.toml$", out, re.M)
+    code, out, _ = run_cli("config", "--markdown", capsys=capsys)
+    assert code == 0 and out == (REPO / "docs" / "settings.md").read_text()
+
+
+def test_bad_setting_is_a_clean_error(private_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FLASHCOMPRESS_JOBS", "lots")
+    code, _, err = run_cli("config", capsys=capsys)
+    assert code == 2 and "FLASHCOMPRESS_JOBS" in err
+
+
+def test_demo_forwards_arguments_or_reports_absence(private_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    seen: list[list[str]] = []
+    fake = types.ModuleType("flashcompress.demo")
+    fake.main = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "flashcompress.demo", fake)
+    code, _, _ = run_cli("demo", "--steps", "3", capsys=capsys)
+    assert code == 0 and seen == [["--steps", "3"]]
+    monkeypatch.setitem(sys.modules, "flashcompress.demo", None)  # import now fails
+    code, _, err = run_cli("demo", capsys=capsys)
+    assert code == 2 and "not available" in err
+
+
+def test_python_dash_m_entry_point(private_env: dict[str, str]) -> None:
+    proc = cli_subprocess(private_env, "--help")
+    assert proc.returncode == 0 and "prewarm" in proc.stdout and "cache" in proc.stdout
