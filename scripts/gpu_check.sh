@@ -34,16 +34,17 @@ step "prewarm deepseek-v4-flash (warm: must compile nothing)" | tee -a "$OUT/pre
 step "GPU parity tests (pytest -m gpu)" | tee "$OUT/pytest_gpu.log"
 python3 -m pytest tests -m gpu -q -ra 2>&1 | tee -a "$OUT/pytest_gpu.log"
 
-step "full test suite on the GPU machine" | tee "$OUT/pytest_all.log"
-python3 -m pytest tests -q -x -ra -m "not gpu" 2>&1 | tail -30 | tee -a "$OUT/pytest_all.log"
+step "property tests end to end on CUDA tensors (JIT plans + torch compress/store on the GPU)" | tee "$OUT/pytest_props_cuda.log"
+FLASHCOMPRESS_TEST_DEVICE=cuda python3 -m pytest tests/test_properties.py -q -ra 2>&1 | tail -15 | tee -a "$OUT/pytest_props_cuda.log"
 
 step "demo on the GPU" | tee "$OUT/demo.log"
 python3 -m flashcompress demo 2>&1 | tee -a "$OUT/demo.log"
 
 step "benchmarks" | tee "$OUT/bench.log"
-for b in benchmarks/bench_plans.py benchmarks/bench_host_overhead.py benchmarks/jit_bench.py; do
-  [ -f "$b" ] || continue
-  echo "--- $b" | tee -a "$OUT/bench.log"
-  python3 "$b" 2>&1 | tee -a "$OUT/bench.log"
-done
+echo "--- benchmarks/bench_plans.py" | tee -a "$OUT/bench.log"
+python3 benchmarks/bench_plans.py 2>&1 | tee -a "$OUT/bench.log"
+echo "--- benchmarks/bench_host_overhead.py (cuda, B=64)" | tee -a "$OUT/bench.log"
+python3 benchmarks/bench_host_overhead.py --device cuda 2>&1 | tee -a "$OUT/bench.log"
+echo "--- benchmarks/jit_bench.py (quick: 1 cold build, 3 fresh-process loads)" | tee -a "$OUT/bench.log"
+python3 benchmarks/jit_bench.py --reps 1 --load-reps 3 --variants plan 2>&1 | tee -a "$OUT/bench.log"
 step "done" | tee -a "$OUT/bench.log"
