@@ -81,3 +81,11 @@ def run_python(code: str, env: dict[str, str], timeout: float = 300) -> subproce
     """Run ``code`` in a fresh interpreter with ``env``."""
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout,
                           check=False)
+
+
+def readme_settings_block() -> str:
+    """The README's generated settings block (between its ``settings:begin``/``end`` markers)."""
+    text = (REPO / "README.md").read_text()
+    begin = text.index("<!-- settings:begin")
+    begin = text.index("\n", begin) + 1
+    return text[begin : text.index("<!-- settings:end -->")].rstrip("\n")

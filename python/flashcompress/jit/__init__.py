@@ -7,7 +7,7 @@ Public API::
     load(key) -> tvm_ffi.Module                memo -> cache hit (no lock, no compiler) -> locked build
     get_module(family, **params)               load(VariantKey.make(family, **params)), memoised
     jit_enabled_for(device), debug_checks_enabled()   hot-path switches for the API layer
-    get_settings(), reload_settings()          effective settings (docs/settings.md)
+    get_settings(), reload_settings()          effective settings (README: Settings)
     JitError, BuildError, OfflineCacheMiss, CacheNotWritable, CaptureBuildError, LockTimeout,
     UnknownFamily, CacheCorruptionWarning      what can go wrong
 
