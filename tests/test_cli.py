@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from _jit_helpers import REPO, readme_settings_block, apply_environ, clean_environ, requires_nvcc, reset_engine
+from _jit_helpers import readme_settings_block, requires_nvcc, reset_engine
 
 from flashcompress import cli, jit
 from flashcompress.jit import build, cache, engine, family
@@ -37,27 +37,7 @@ def plan_family_missing() -> str | None:
     return None if "plan" in family.families() else "the plan family is not registered yet"
 
 
-@pytest.fixture(scope="session")
-def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.getbasetemp() / "jit-cache-shared"
-    path.mkdir(exist_ok=True)
-    return path
-
-
-@pytest.fixture()
-def jit_env(shared_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    env = clean_environ(shared_cache, tmp_path / "xdg")
-    apply_environ(monkeypatch, env)
-    yield env
-    reset_engine()
-
-
-@pytest.fixture()
-def private_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    env = clean_environ(tmp_path / "cache", tmp_path / "xdg")
-    apply_environ(monkeypatch, env)
-    yield env
-    reset_engine()
+# (fixtures shared_cache / jit_env / private_env live in conftest.py)
 
 
 def run_cli(*argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

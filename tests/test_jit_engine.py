@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from _jit_helpers import REPO, readme_settings_block, apply_environ, clean_environ, requires_nvcc, reset_engine, run_python
+from _jit_helpers import apply_environ, readme_settings_block, requires_nvcc, reset_engine, run_python
 
 from flashcompress import jit
 from flashcompress.jit import build, cache, engine, errors, family, flags, maintenance, render, settings, variant
@@ -29,30 +29,7 @@ from flashcompress.jit import build, cache, engine, errors, family, flags, maint
 # ----------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(scope="session")
-def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache directory for the whole session (shared with test_cli.py by name)."""
-    path = tmp_path_factory.getbasetemp() / "jit-cache-shared"
-    path.mkdir(exist_ok=True)
-    return path
-
-
-@pytest.fixture()
-def jit_env(shared_cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """The test environment pointing at the shared cache; returns it (for subprocesses)."""
-    env = clean_environ(shared_cache, tmp_path / "xdg")
-    apply_environ(monkeypatch, env)
-    yield env
-    reset_engine()
-
-
-@pytest.fixture()
-def private_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
-    """A test environment with its own empty cache."""
-    env = clean_environ(tmp_path / "cache", tmp_path / "xdg")
-    apply_environ(monkeypatch, env)
-    yield env
-    reset_engine()
+# (fixtures shared_cache / jit_env / private_env live in conftest.py)
 
 
 def replace_file(path: Path, data: bytes) -> None:

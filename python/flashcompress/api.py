@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch
 from . import validation as V
 from .layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES, select_cache_format
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
@@ -90,7 +89,8 @@ def compress_forward(
     if plan_rows.shape[0] == 0 and (plan.is_decode or plan[2].shape[0] == 0):
         return out
 
-    # dispatch.use_jit(device, "compress") selects the CUDA kernels once they exist (later issue).
+    # Backend: the PyTorch backend on every device until the CUDA compress kernels land
+    # (then `dispatch.use_jit(device, "compress")` selects them here).
     if is_online:
         if plan.is_decode:
             torch_compress.online_decode(head_dim, state, inp, ape_t, plan_rows, out)

@@ -164,7 +164,7 @@ def _parse_toml_scalar(token: str, where: str) -> Any:
 
 
 def _split_array(body: str) -> list[str]:
-    items, depth, quote, current = [], 0, "", ""
+    items, quote, current = [], "", ""
     for ch in body:
         if quote:
             current += ch

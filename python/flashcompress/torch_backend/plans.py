@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from ..layouts import INVALID_COMPRESS_ROW, INVALID_WRITE_ROW, mtp_write_pad, window_size
-from .rows import pack_compress_rows, pack_words, pad_rows
+from .rows import compress_fields, pack_compress_rows, pack_words, pad_rows, u32, words
 
 ONLINE_WINDOW = 128
 
@@ -50,6 +50,24 @@ def uses_req_ring(ratio: int, use_req_ring: bool) -> bool:
     return ratio != 4 or use_req_ring
 
 
+def _row_fn(
+    ratio: int,
+    req_to_token: torch.Tensor,
+    full_to_state: torch.Tensor,
+    swa_page_size: int,
+    ring_size: int,
+    use_req_ring: bool,
+):
+    """``state_row`` with the world fixed: ``row(rid, pos) -> int64 rows``."""
+    req_ring = uses_req_ring(ratio, use_req_ring)
+
+    def row(rid: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        return state_row(rid, pos, req_to_token=req_to_token, full_to_state=full_to_state,
+                         swa_page_size=swa_page_size, ring_size=ring_size, req_ring=req_ring)
+
+    return row
+
+
 # --------------------------------------------------------------------------
 # Decode
 # --------------------------------------------------------------------------
@@ -71,17 +89,9 @@ def decode_plan(
     seq = seq_lens.to(device=device, dtype=torch.int64)
     p1 = seq - 1
     p0 = torch.clamp(p1 - ratio, min=0)
-    row = lambda p: state_row(  # noqa: E731
-        rid,
-        p,
-        req_to_token=req_to_token,
-        full_to_state=full_to_state,
-        swa_page_size=swa_page_size,
-        ring_size=ring_size,
-        req_ring=uses_req_ring(ratio, use_req_ring),
-    )
-    write_loc = row(p1)
-    return pack_words(seq, write_loc, _cdiv_trunc(row(p0), ratio), _cdiv_trunc(write_loc, ratio))
+    row = _row_fn(ratio, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
+    write_loc = row(rid, p1)
+    return pack_words(seq, write_loc, _cdiv_trunc(row(rid, p0), ratio), _cdiv_trunc(write_loc, ratio))
 
 
 def online_decode_plan(
@@ -160,18 +170,9 @@ def prefill_stage1(
     use_req_ring: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 1 (spec §4.4): resolve pages and state rows; sentinel rows stay sentinels."""
-    from .rows import compress_fields, u32, words
-
     rid_of = req_pool_indices.to(torch.int64)
-    row = lambda b, p: state_row(  # noqa: E731
-        rid_of[b],
-        p,
-        req_to_token=req_to_token,
-        full_to_state=full_to_state,
-        swa_page_size=swa_page_size,
-        ring_size=ring_size,
-        req_ring=uses_req_ring(ratio, use_req_ring),
-    )
+    row_of_slot = _row_fn(ratio, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring)
+    row = lambda b, p: row_of_slot(rid_of[b], p)  # noqa: E731  (b = batch index)
 
     c = compress_fields(plan_c)
     resolve = c["valid"] & (c["buffer_len"] > 0)
@@ -252,8 +253,6 @@ def online_prefill_stage1(
     plan: torch.Tensor, req_pool_indices: torch.Tensor, state_slot_offset: int
 ) -> torch.Tensor:
     """read_page_0 <- rid + offset (write slot), read_page_1 <- rid (load slot), valid rows only."""
-    from .rows import compress_fields, words
-
     c = compress_fields(plan)
     idx = c["valid"].nonzero().squeeze(1)
     out = words(plan).clone()
