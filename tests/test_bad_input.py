@@ -56,6 +56,16 @@ def compress_kwargs() -> dict[str, Any]:
                 ape=torch.randn(8, H), plan=plan, head_dim=H, compress_ratio=4, out=torch.zeros(plan[1].shape[0], H))
 
 
+def online_compress_kwargs() -> dict[str, Any]:
+    """Online C128 prefill (200 + 100 tokens: chunk B merges with the slot's state)."""
+    torch.manual_seed(2)
+    plan = CompressorPrefillPlan.generate_online(torch.tensor([300]), torch.tensor([100]), torch.tensor([1]),
+                                                 world()["req_to_token"], 100)
+    return dict(kv_score_buffer=torch.randn(4, 3 * 512), kv_score_input=torch.randn(100, 2 * 512),
+                ape=torch.randn(128, 512), plan=plan, head_dim=512, compress_ratio=128,
+                out=torch.full((plan[1].shape[0], 512), 7.0), is_online=True)
+
+
 def store_kwargs() -> dict[str, Any]:
     torch.manual_seed(1)
     plan = CompressorDecodePlan.generate(**decode_kwargs())
@@ -107,6 +117,16 @@ CASES: list[tuple[str, Callable[[], dict], Callable, Mutation, type[Exception], 
     ("prefill_online_offset_negative", lambda: dict(seq_lens=torch.tensor([9]), extend_lens=torch.tensor([9]),
      req_pool_indices=torch.tensor([1]), req_to_token=world()["req_to_token"], num_q_tokens=9),
      CompressorPrefillPlan.generate_online, setter("state_slot_offset", lambda k: -1), ValueError, "state_slot_offset"),
+    ("prefill_online_offset_overflows_i32", lambda: dict(seq_lens=torch.tensor([9]), extend_lens=torch.tensor([9]),
+     req_pool_indices=torch.tensor([1]), req_to_token=world()["req_to_token"], num_q_tokens=9),
+     CompressorPrefillPlan.generate_online, setter("state_slot_offset", lambda k: 2**32 + 7), ValueError, "state_slot_offset"),
+    ("decode_online_offset_overflows_i32", lambda: dict(seq_lens=torch.tensor([5]), req_pool_indices=torch.tensor([1]),
+     req_to_token=world()["req_to_token"]),
+     CompressorDecodePlan.generate_online, setter("state_slot_offset", lambda k: 2**31), ValueError, "state_slot_offset"),
+    ("decode_full_loc_past_mapping", decode_kwargs, CompressorDecodePlan.generate,
+     setter("full_to_state", lambda k: k["full_to_state"][:600].contiguous()), ValueError, "req_to_token"),
+    ("prefill_full_loc_past_mapping", prefill_kwargs, CompressorPrefillPlan.generate,
+     setter("full_to_state", lambda k: k["full_to_state"][:600].contiguous()), ValueError, "req_to_token"),
     # ---- compress_forward
     ("cf_ratio_mismatch", compress_kwargs, compress_forward, setter("compress_ratio", lambda k: 128), ValueError, "plan"),
     ("cf_head_dim_256", compress_kwargs, compress_forward, setter("head_dim", lambda k: 256), ValueError, "head_dim"),
@@ -126,6 +146,8 @@ CASES: list[tuple[str, Callable[[], dict], Callable, Mutation, type[Exception], 
     ("cf_plan_write_loc_outside", compress_kwargs, compress_forward, setter("kv_score_buffer", lambda k: torch.zeros(16, 4 * H)), ValueError, "plan"),
     ("cf_decode_rows_mismatch", compress_kwargs, compress_forward,
      lambda k: k.update(plan=CompressorDecodePlan.generate(**decode_kwargs()), out=torch.zeros(2, H)), ValueError, "kv_score_input"),
+    ("cf_online_load_slot_outside", online_compress_kwargs, compress_forward,
+     lambda k: k["plan"][1].view(torch.int32)[:, 3].fill_(10**6), ValueError, "plan"),
     # ---- compress_norm_rope_store
     ("st_kv_dim", store_kwargs, compress_norm_rope_store, setter("kv", lambda k: torch.zeros(2, 256)), ValueError, "kv"),
     ("st_kv_rows", store_kwargs, compress_norm_rope_store, setter("kv", lambda k: torch.zeros(3, 512)), ValueError, "kv"),
@@ -141,6 +163,8 @@ CASES: list[tuple[str, Callable[[], dict], Callable, Mutation, type[Exception], 
     ("st_cache_dtype", store_kwargs, compress_norm_rope_store, setter("kvcache", lambda k: k["kvcache"].to(torch.int8)), TypeError, "kvcache"),
     ("st_fp4_main", store_kwargs, compress_norm_rope_store, setter("use_fp4", lambda k: True), ValueError, "use_fp4"),
     ("st_plan_kind", store_kwargs, compress_norm_rope_store, setter("plan", lambda k: [4, k["plan"][1]]), TypeError, "plan"),
+    ("st_plan_rows_0d", store_kwargs, compress_norm_rope_store,
+     setter("plan", lambda k: CompressorDecodePlan(4, torch.tensor(3, dtype=torch.uint8))), ValueError, "plan[1]"),
 ]
 
 
@@ -188,3 +212,19 @@ def test_empty_batches_are_noops() -> None:
     saved = state.clone()
     out = compress_forward(state, torch.zeros(0, 4 * H), torch.zeros(8, H), p, head_dim=H, compress_ratio=4)
     assert out.shape == (0, H) and torch.equal(state, saved)
+
+
+def test_plan_copy_checks_kind_dtype_and_shape() -> None:
+    a = CompressorDecodePlan.generate(**decode_kwargs())
+    b = CompressorDecodePlan.generate(**decode_kwargs())
+    saved = a[1].clone()
+    with pytest.raises(TypeError, match="^other:"):
+        a.copy_(CompressorDecodePlan(4, b[1].view(torch.int32)))
+    with pytest.raises(ValueError, match="^other:"):
+        a.copy_(CompressorDecodePlan(4, b[1], is_online=True))
+    with pytest.raises(ValueError, match="^other:"):
+        a.copy_(CompressorDecodePlan(4, b[1][:1]))
+    assert torch.equal(a[1], saved)
+    b[1][0, 0] ^= 1
+    a.copy_(b)
+    assert torch.equal(a[1], b[1])

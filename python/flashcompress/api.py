@@ -1,8 +1,12 @@
 """The engine-facing ops: ``compress_forward`` and ``compress_norm_rope_store``.
 
-Data flows one way: arguments -> ``validation`` -> backend choice
-(``dispatch``) -> PyTorch backend or JIT kernel.  Nothing is written before
-every check has passed.
+Data flows one way: arguments -> ``validation`` (everything is checked before
+anything is written) -> backend choice -> the backend's op entry point.  This
+module holds no plan or tensor logic of its own.
+
+Backend: the PyTorch backend (``torch_backend.ops``) on every device until the
+CUDA compress / store kernel families land; ``dispatch.use_jit(device,
+"compress" | "store")`` will select them here.
 """
 
 from __future__ import annotations
@@ -12,22 +16,13 @@ import torch
 from . import validation as V
 from .layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES, select_cache_format
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
-from .torch_backend import compress as torch_compress
-from .torch_backend import store as torch_store
-from .torch_backend.rows import compress_fields, decode_fields, write_fields
+from .torch_backend import ops as torch_ops
+from .torch_backend.rows import compress_fields, decode_fields, store_targets, write_fields
 
 
 def is_overlap_compress(ratio: int) -> bool:
     """Ratio 4 pools overlapping windows (8 candidates); ratio 128 does not."""
     return V.check_ratio(ratio) == 4
-
-
-def _check_plan(plan: object, ratio: int) -> CompressorDecodePlan | CompressorPrefillPlan:
-    if not isinstance(plan, (CompressorDecodePlan, CompressorPrefillPlan)):
-        V.fail("plan", "a CompressorDecodePlan or CompressorPrefillPlan", type(plan).__name__, TypeError)
-    if plan.compress_ratio != ratio:
-        V.fail("plan", f"a plan built for compress_ratio {ratio}", f"compress_ratio {plan.compress_ratio}")
-    return plan
 
 
 def compress_forward(
@@ -52,7 +47,7 @@ def compress_forward(
         V.fail("is_online", "a bool", repr(is_online), TypeError)
     if is_online and ratio != 128:
         V.fail("is_online", "False unless compress_ratio is 128", f"True with compress_ratio {ratio}")
-    plan = _check_plan(plan, ratio)
+    plan = V.check_plan(plan, ratio)
     head_dim = V.check_head_dim(head_dim, ratio, is_online)
     if plan.is_online is not None and plan.is_online != is_online:
         made = "generate_online" if plan.is_online else "generate"
@@ -60,46 +55,32 @@ def compress_forward(
 
     state = V.flat_state(kv_score_buffer, ratio, head_dim, is_online)
     device = state.device
-    plan_rows = plan[1]
-    V.check_plan_tensor("plan[1]", plan_rows, PLAN_ROW_BYTES, device)
+    plan_rows = V.check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, device)
+    plan_w = None
+    if not plan.is_decode:
+        plan_w = V.check_plan_tensor("plan[2]", plan[2], PLAN_ROW_BYTES if is_online else WRITE_ROW_BYTES, device)
     inp, ape_t = V.check_compress_inputs(state, kv_score_input, ape, out, plan_rows.shape[0], ratio, head_dim, is_online)
-    if plan.is_decode:
-        if inp.shape[0] != plan_rows.shape[0]:
-            V.fail("kv_score_input", f"{plan_rows.shape[0]} rows (one per decode request)", inp.shape[0])
-    else:
-        plan_w = plan[2]
-        V.check_plan_tensor("plan[2]", plan_w, PLAN_ROW_BYTES if is_online else WRITE_ROW_BYTES, device)
-        if inp.shape[0] < plan_w.shape[0]:
-            V.fail("kv_score_input", f">= {plan_w.shape[0]} rows (WritePlan rows)", inp.shape[0])
+    if plan_w is None and inp.shape[0] != plan_rows.shape[0]:
+        V.fail("kv_score_input", f"{plan_rows.shape[0]} rows (one per decode request)", inp.shape[0])
+    if plan_w is not None and inp.shape[0] < plan_w.shape[0]:
+        V.fail("kv_score_input", f">= {plan_w.shape[0]} rows (WritePlan rows)", inp.shape[0])
     if V.wants_value_checks(plan_rows):
-        if plan.is_decode:
-            V.check_plan_indices(state.shape[0], inp.shape[0], ratio, is_online, decode=decode_fields(plan_rows))
+        rows, n_in = state.shape[0], inp.shape[0]
+        if plan_w is None:
+            V.check_plan_indices(rows, n_in, ratio, is_online, decode=decode_fields(plan_rows))
         elif is_online:
-            V.check_plan_indices(state.shape[0], inp.shape[0], ratio, True,
-                                 compress=compress_fields(plan_rows))
-            V.check_plan_indices(state.shape[0], inp.shape[0], ratio, True, compress=compress_fields(plan[2]))
+            V.check_plan_indices(rows, n_in, ratio, True, compress=compress_fields(plan_rows))
+            V.check_plan_indices(rows, n_in, ratio, True, compress=compress_fields(plan_w))
         else:
-            V.check_plan_indices(state.shape[0], inp.shape[0], ratio, False,
-                                 compress=compress_fields(plan_rows), write=write_fields(plan[2]))
+            V.check_plan_indices(rows, n_in, ratio, False, compress=compress_fields(plan_rows),
+                                 write=write_fields(plan_w))
 
     if out is None:
         out = torch.empty((plan_rows.shape[0], head_dim), dtype=inp.dtype, device=device)
-    if ape_t.dtype != inp.dtype:
-        ape_t = ape_t.to(inp.dtype)
-    if plan_rows.shape[0] == 0 and (plan.is_decode or plan[2].shape[0] == 0):
+    if plan_rows.shape[0] == 0 and (plan_w is None or plan_w.shape[0] == 0):
         return out
-
-    # Backend: the PyTorch backend on every device until the CUDA compress kernels land
-    # (then `dispatch.use_jit(device, "compress")` selects them here).
-    if is_online:
-        if plan.is_decode:
-            torch_compress.online_decode(head_dim, state, inp, ape_t, plan_rows, out)
-        else:
-            torch_compress.online_prefill(head_dim, state, inp, ape_t, plan_rows, plan[2], out)
-    elif plan.is_decode:
-        torch_compress.decode(ratio, head_dim, state, inp, ape_t, plan_rows, out)
-    else:
-        torch_compress.prefill(ratio, head_dim, state, inp, ape_t, plan_rows, plan[2], out)
+    torch_ops.compress_forward(state, inp, ape_t, plan_rows, plan_w, out,
+                               ratio=ratio, head_dim=head_dim, is_online=is_online)
     return out
 
 
@@ -123,42 +104,28 @@ def compress_norm_rope_store(
     ``out_loc[ragged_id]``.  RoPE position is ``seq_len - ratio``.  Skipped rows
     write nothing.
     """
-    if not isinstance(plan, (CompressorDecodePlan, CompressorPrefillPlan)):
-        V.fail("plan", "a CompressorDecodePlan or CompressorPrefillPlan", type(plan).__name__, TypeError)
-    ratio = V.check_ratio(plan.compress_ratio)
-    plan_rows = plan[1]
-    if not isinstance(plan_rows, torch.Tensor):
-        V.fail("plan[1]", "a torch.Tensor", type(plan_rows).__name__, TypeError)
+    plan = V.check_plan(plan, None)
+    ratio = plan.compress_ratio
+    plan_rows = V.check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, None)
     kv_t, loc, freq, fmt = V.check_store_args(
         kv, plan_rows.shape[0], norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
         use_fp4, bf16_store, plan.is_decode, select_cache_format,
     )
-    V.check_plan_tensor("plan[1]", plan_rows, PLAN_ROW_BYTES, kv_t.device)
+    if plan_rows.device != kv_t.device:
+        V.fail("plan[1]", f"device {kv_t.device} (same as kv)", plan_rows.device)
     if plan_rows.shape[0] == 0:
         return
-
-    if plan.is_decode:
-        seq_len = decode_fields(plan_rows)["seq_len"]
-        valid = torch.remainder(seq_len, ratio) == 0
-        dest = loc
-    else:
-        fields = compress_fields(plan_rows)
-        seq_len, valid = fields["seq_len"], fields["valid"]
-        if V.wants_value_checks(plan_rows):
-            ragged = fields["ragged_id"][valid]
+    if V.wants_value_checks(plan_rows):
+        if not plan.is_decode:
+            fields = compress_fields(plan_rows)
+            ragged = fields["ragged_id"][fields["valid"]]
             if ragged.numel() and int(ragged.max()) >= loc.shape[0]:
                 V.fail("out_loc", f"> {int(ragged.max())} entries (largest ragged_id in the plan)", loc.shape[0])
-        dest = loc[torch.where(valid, fields["ragged_id"], 0)]
-    positions = seq_len - ratio
-    if V.wants_value_checks(plan_rows):
+        valid, dest, positions = store_targets(plan_rows, plan.is_decode, ratio, loc)
         V.check_store_values(dest[valid], positions[valid], kvcache, page_size, freq.shape[0])
 
-    freq_real = torch.view_as_real(freq).flatten(-2)
-    if not freq_real.is_contiguous():
-        freq_real = freq_real.contiguous()
-    weight = norm_weight if norm_weight.dtype == kv_t.dtype else norm_weight.to(kv_t.dtype)
-    torch_store.norm_rope_store(
-        kv_t, positions, dest, valid,
-        norm_weight=weight, norm_eps=float(norm_eps), freq_real=freq_real,
-        kvcache=kvcache, page_size=page_size, fmt=fmt,
+    torch_ops.compress_norm_rope_store(
+        kv_t, plan_rows, is_decode=plan.is_decode, ratio=ratio,
+        norm_weight=norm_weight, norm_eps=float(norm_eps), freq_cis=freq,
+        out_loc=loc, kvcache=kvcache, page_size=page_size, fmt=fmt,
     )

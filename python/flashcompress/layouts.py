@@ -1,9 +1,10 @@
 """Byte layouts shared by every backend: plan rows and KV-cache entries.
 
 This module is the single Python definition of every byte format flashcompress
-reads or writes.  The C++ side mirrors it in ``jit_kernel/plan.cuh`` and
-``jit_kernel/cache_format.cuh``; ``tests/test_layouts.py`` checks that the two
-agree (sizes, offsets, sentinels).
+reads or writes.  The C++ side mirrors the plan rows in ``jit_kernel/plan.cuh``;
+``tests/test_layouts.py`` compiles that header and checks that the two agree
+(sizes, offsets, sentinels).  The cache formats get their C++ mirror with the
+store kernels (a later issue); today ``tests/test_store_*.py`` pin their bytes.
 
 All integers are little-endian.  Plan tensors are ``uint8 [rows, ROW_BYTES]``.
 

@@ -42,7 +42,14 @@ class _PlanBase(tuple):
             V.fail("other", type(self).__name__, type(other).__name__, TypeError)
         if other.compress_ratio != self.compress_ratio:
             V.fail("other", f"compress_ratio {self.compress_ratio}", other.compress_ratio)
+        if None not in (self.is_online, other.is_online) and self.is_online != other.is_online:
+            V.fail("other", f"an {'online' if self.is_online else 'regular'} plan",
+                   "an online plan" if other.is_online else "a regular plan")
         for i, (dst, src) in enumerate(zip(self[1:], other[1:]), start=1):
+            if not isinstance(src, torch.Tensor) or src.dtype != dst.dtype:
+                V.fail("other", f"plan[{i}] of dtype {dst.dtype}", getattr(src, "dtype", type(src).__name__), TypeError)
+            if src.device != dst.device:
+                V.fail("other", f"plan[{i}] on {dst.device}", src.device)
             if dst.shape != src.shape:
                 V.fail("other", f"plan[{i}] shape {tuple(dst.shape)} (pad with use_cuda_graph)", tuple(src.shape))
         for dst, src in zip(self[1:], other[1:]):
@@ -78,6 +85,10 @@ class CompressorDecodePlan(_PlanBase):
         V.check_ring(ratio, ring_size, swa_page_size, use_req_ring, paged)
         V.check_decode_lengths(seq)
         V.check_positions_in_table(seq, req_to_token)
+        if paged and seq.numel() and V.wants_value_checks(seq):
+            p1 = seq - 1
+            V.check_state_locations(req_pool_indices, req_to_token, full_to_state,
+                                    torch.stack([p1, (p1 - ratio).clamp(min=0)], dim=1))
         if seq.shape[0] == 0:
             return CompressorDecodePlan(ratio, _empty(PLAN_ROW_BYTES, device), is_online=False)
         args = (ratio, req_pool_indices, req_to_token, full_to_state, seq, swa_page_size, ring_size, use_req_ring)
@@ -98,7 +109,7 @@ class CompressorDecodePlan(_PlanBase):
     ) -> "CompressorDecodePlan":
         device = V.check_world(req_pool_indices, req_to_token, None)
         seq = V.check_lengths("seq_lens", seq_lens, req_pool_indices.shape[0], device, allow_cpu=False)
-        V.check_int("state_slot_offset", state_slot_offset, minimum=0)
+        V.check_slot_offset(state_slot_offset, req_to_token)
         V.check_decode_lengths(seq)
         if seq.shape[0] == 0:
             return CompressorDecodePlan(128, _empty(PLAN_ROW_BYTES, device), is_online=True)
@@ -150,6 +161,14 @@ class CompressorPrefillPlan(_PlanBase):
         host_lengths = seq.device.type == "cpu"
         V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=host_lengths)
         V.check_positions_in_table(seq, req_to_token)
+        if ratio == 4 and not use_req_ring and batch and V.wants_value_checks(seq):
+            # the planner reads positions [prefix - 4, seq) of each request (overlap window included)
+            first = (seq - ext - ratio).clamp(min=0)
+            count = seq - first
+            batch_of = torch.repeat_interleave(torch.arange(batch, device=seq.device), count)
+            pos = torch.arange(int(count.sum()), device=seq.device) - (torch.cumsum(count, 0) - count)[batch_of]
+            V.check_state_locations(req_pool_indices, req_to_token, full_to_state,
+                                    (pos + first[batch_of]).to(device), batch_of.to(device))
         if batch == 0 or num_q_tokens == 0:
             return CompressorPrefillPlan(
                 ratio, _empty(PLAN_ROW_BYTES, device), _empty(WRITE_ROW_BYTES, device), is_online=False
@@ -159,9 +178,9 @@ class CompressorPrefillPlan(_PlanBase):
             from .cuda_ops import plan_builder
 
             if host_lengths:
-                plan_c, plan_w = _host_stage0(ratio, seq, ext, swa_page_size, ring_size, use_req_ring, device,
-                                              num_q_tokens if use_cuda_graph else None, online=False)
-                plan_builder.prefill_stage1(ratio, plan_c, plan_w, req_pool_indices, *world, use_req_ring)
+                plan_c, plan_w = plan_builder.prefill_plan_host_lengths(
+                    ratio, req_pool_indices, seq, ext, *world, num_q_tokens if use_cuda_graph else None, use_req_ring
+                )
             else:
                 plan_c, plan_w = plan_builder.prefill_plan_device(
                     ratio, req_pool_indices, seq, ext, *world, num_q_tokens, use_req_ring
@@ -190,7 +209,7 @@ class CompressorPrefillPlan(_PlanBase):
         ext = V.check_lengths("extend_lens", extend_lens, batch, seq.device, allow_cpu=False)
         if not isinstance(use_cuda_graph, bool):
             V.fail("use_cuda_graph", "a bool", repr(use_cuda_graph), TypeError)
-        V.check_int("state_slot_offset", state_slot_offset, minimum=0)
+        V.check_slot_offset(state_slot_offset, req_to_token)
         # Online segments are cut on the host (a sync if the lengths live on the GPU, as in the peer).
         seq, ext = seq.cpu(), ext.cpu()
         V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=True)
@@ -202,43 +221,11 @@ class CompressorPrefillPlan(_PlanBase):
         if dispatch.use_jit(device, "plan"):
             from .cuda_ops import plan_builder
 
-            plan_c, plan_w = _host_stage0(128, seq, ext, 0, 1, True, device,
-                                          num_q_tokens if use_cuda_graph else None, online=True)
-            plan_builder.online_prefill_stage1(plan_c, plan_w, req_pool_indices, state_slot_offset)
+            plan_c, plan_w = plan_builder.online_prefill_plan_host_lengths(
+                req_pool_indices, seq, ext, num_q_tokens if use_cuda_graph else None, state_slot_offset
+            )
         else:
             plan_c, plan_w = torch_plans.online_prefill_plan(
                 seq, ext, req_pool_indices, num_q_tokens, use_cuda_graph, state_slot_offset
             )
         return CompressorPrefillPlan(128, plan_c, plan_w, is_online=True)
-
-
-def _host_stage0(
-    ratio: int,
-    seq: torch.Tensor,
-    ext: torch.Tensor,
-    swa_page_size: int,
-    ring_size: int,
-    use_req_ring: bool,
-    device: torch.device,
-    pad_to: int | None,
-    *,
-    online: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stage 0 on the host, padded for CUDA graphs if asked, copied to ``device`` asynchronously."""
-    from .layouts import INVALID_COMPRESS_ROW, INVALID_WRITE_ROW
-    from .torch_backend.rows import pad_rows
-
-    if online:
-        plan_c, plan_w = torch_plans.online_prefill_stage0(seq, ext)
-        w_sentinel = INVALID_COMPRESS_ROW
-    else:
-        plan_c, plan_w = torch_plans.prefill_stage0(ratio, seq, ext, swa_page_size, ring_size, use_req_ring)
-        w_sentinel = INVALID_WRITE_ROW
-    if pad_to is not None:
-        plan_c = pad_rows(plan_c, pad_to, INVALID_COMPRESS_ROW)
-        plan_w = pad_rows(plan_w, pad_to, w_sentinel)
-    # Pinned staging: the tensors stay referenced by the copy's stream order via torch's caching host allocator.
-    return (
-        plan_c.pin_memory().to(device, non_blocking=True),
-        plan_w.pin_memory().to(device, non_blocking=True),
-    )

@@ -16,7 +16,7 @@ Two tiers, to keep the host side of a call near 10 µs:
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import TYPE_CHECKING, Callable, NoReturn
 
 import torch
 
@@ -31,7 +31,11 @@ from .layouts import (
     state_width,
 )
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .plans import CompressorDecodePlan, CompressorPrefillPlan
+
 FLOAT_DTYPES = (torch.float32, torch.bfloat16)
+INT32_MAX = 2**31 - 1
 
 
 def fail(arg: str, expected: object, actual: object, exc: type[Exception] = ValueError) -> NoReturn:
@@ -121,6 +125,40 @@ def check_world(
         if lo < 0 or hi >= r2t.shape[0]:
             fail("req_pool_indices", f"values in [0, {r2t.shape[0]}) (rows of req_to_token)", f"range [{lo}, {hi}]")
     return device
+
+
+def check_slot_offset(state_slot_offset: object, req_to_token: torch.Tensor) -> int:
+    """Online write slots ``rid + state_slot_offset`` must fit the i32 plan fields."""
+    check_int("state_slot_offset", state_slot_offset, minimum=0)
+    limit = INT32_MAX - req_to_token.shape[0]
+    if state_slot_offset > limit:  # type: ignore[operator]
+        fail("state_slot_offset", f"<= {limit} (rid + offset must fit an int32 plan field)", state_slot_offset)
+    return state_slot_offset  # type: ignore[return-value]
+
+
+def check_state_locations(
+    req_pool_indices: torch.Tensor,
+    req_to_token: torch.Tensor,
+    full_to_state: torch.Tensor,
+    positions: torch.Tensor,
+    batch_of_position: torch.Tensor | None = None,
+) -> None:
+    """Paged addressing: the full locs the planner looks up lie inside ``full_to_state``.
+
+    ``positions`` are the token positions the planner reads (``[B, k]`` per request,
+    or flat with ``batch_of_position``).  CPU / debug only (reads values).
+    """
+    if not positions.numel() or not wants_value_checks(req_pool_indices):
+        return
+    if batch_of_position is None:
+        rid = req_pool_indices[:, None].expand_as(positions)
+    else:
+        rid = req_pool_indices[batch_of_position]
+    full = req_to_token[rid, positions]
+    lo, hi = int(full.min()), int(full.max())
+    if lo < 0 or hi >= full_to_state.shape[0]:
+        fail("req_to_token", f"full locs in [0, {full_to_state.shape[0]}) (length of full_to_state) "
+             "at the positions the plan reads", f"range [{lo}, {hi}]")
 
 
 def check_lengths(arg: str, t: object, batch: int, device: torch.device, *, allow_cpu: bool) -> torch.Tensor:
@@ -214,7 +252,6 @@ def check_compress_inputs(
     ratio: int,
     head_dim: int,
     online: bool,
-    out_dtype_default: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     device = state.device
     dtypes = (torch.float32,) if online else FLOAT_DTYPES
@@ -231,9 +268,24 @@ def check_compress_inputs(
     return inp, ape_t
 
 
-def check_plan_tensor(arg: str, t: torch.Tensor, row_bytes: int, device: torch.device) -> None:
+def check_plan(plan: object, ratio: int | None) -> "CompressorDecodePlan | CompressorPrefillPlan":
+    """A plan object of ours, built for ``ratio`` (any supported ratio when None)."""
+    from .plans import CompressorDecodePlan, CompressorPrefillPlan
+
+    if not isinstance(plan, (CompressorDecodePlan, CompressorPrefillPlan)):
+        fail("plan", "a CompressorDecodePlan or CompressorPrefillPlan", type(plan).__name__, TypeError)
+    if ratio is None:
+        check_ratio(plan.compress_ratio)
+    elif plan.compress_ratio != ratio:
+        fail("plan", f"a plan built for compress_ratio {ratio}", f"compress_ratio {plan.compress_ratio}")
+    return plan
+
+
+def check_plan_tensor(arg: str, t: object, row_bytes: int, device: torch.device | None) -> torch.Tensor:
+    """A ``uint8 [rows, row_bytes]`` contiguous plan tensor (on ``device`` when given)."""
     check_tensor(arg, t, dtypes=torch.uint8, ndim=2, device=device)
-    check_size(arg, t, 1, row_bytes, "plan row bytes")
+    check_size(arg, t, 1, row_bytes, "plan row bytes")  # type: ignore[arg-type]
+    return t  # type: ignore[return-value]
 
 
 def check_plan_indices(
@@ -267,6 +319,8 @@ def check_plan_indices(
         if online:
             in_range("ragged_id", "segment start rows", ragged - compress["buffer_len"][valid] + 1, input_rows)
             in_range("read_page_0", "state slots", compress["read_page_0"][valid], state_rows)
+            load_slot = compress["read_page_1"][valid]
+            in_range("read_page_1", "state slots", load_slot[load_slot >= 0], state_rows)
         else:
             window = 8 if ratio == 4 else 128
             takes_input = compress["buffer_len"][valid] < window
@@ -298,7 +352,7 @@ def check_store_args(
     use_fp4: object,
     bf16_store: object,
     is_decode: bool,
-    fmt_for: "callable",
+    fmt_for: Callable[[int, bool, bool], CacheFormat],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, CacheFormat]:
     kv_t = check_tensor("kv", kv, dtypes=FLOAT_DTYPES, ndim=2)
     device = kv_t.device

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch
 
 from ..jit.family import Family, register_family
-from ..layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES
+from ..layouts import INVALID_COMPRESS_ROW, INVALID_WRITE_ROW, PLAN_ROW_BYTES, WRITE_ROW_BYTES
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..jit.variant import VariantKey
@@ -367,3 +367,57 @@ def layout_info(ratio: int = 4, online: bool = False, *, module: Any = None) -> 
     """The C++ plan layouts of a built variant (sizes, field offsets, sentinel bytes); host only."""
     mod = module if module is not None else _module(ratio, online)
     return json.loads(str(mod.layout_info()))
+
+
+def _to_device_pinned(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host rows -> ``device`` through pinned memory, asynchronously on the current stream."""
+    return rows.pin_memory().to(device, non_blocking=True)
+
+
+def prefill_plan_host_lengths(
+    ratio: int,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    req_to_token: torch.Tensor,
+    full_to_state: torch.Tensor,
+    swa_page_size: int,
+    ring_size: int,
+    pad_to: int | None,
+    use_req_ring: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eager prefill with host lengths: stage 0 on the CPU (PyTorch backend, exact counts,
+    padded with sentinels to ``pad_to`` for CUDA graphs), async H2D copy, stage-1 kernel."""
+    from ..torch_backend import plans as torch_plans
+    from ..torch_backend.rows import pad_rows
+
+    device = req_pool_indices.device
+    plan_c, plan_w = torch_plans.prefill_stage0(ratio, seq_lens, extend_lens, swa_page_size, ring_size, use_req_ring)
+    if pad_to is not None:
+        plan_c = pad_rows(plan_c, pad_to, INVALID_COMPRESS_ROW)
+        plan_w = pad_rows(plan_w, pad_to, INVALID_WRITE_ROW)
+    plan_c, plan_w = _to_device_pinned(plan_c, device), _to_device_pinned(plan_w, device)
+    prefill_stage1(ratio, plan_c, plan_w, req_pool_indices, req_to_token, full_to_state,
+                   swa_page_size, ring_size, use_req_ring)
+    return plan_c, plan_w
+
+
+def online_prefill_plan_host_lengths(
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    pad_to: int | None,
+    state_slot_offset: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Online prefill with host lengths: segments cut on the CPU, async H2D copy, stage-1 kernel."""
+    from ..torch_backend import plans as torch_plans
+    from ..torch_backend.rows import pad_rows
+
+    device = req_pool_indices.device
+    plan_c, plan_w = torch_plans.online_prefill_stage0(seq_lens, extend_lens)
+    if pad_to is not None:
+        plan_c = pad_rows(plan_c, pad_to, INVALID_COMPRESS_ROW)
+        plan_w = pad_rows(plan_w, pad_to, INVALID_COMPRESS_ROW)
+    plan_c, plan_w = _to_device_pinned(plan_c, device), _to_device_pinned(plan_w, device)
+    online_prefill_stage1(plan_c, plan_w, req_pool_indices, state_slot_offset)
+    return plan_c, plan_w

@@ -85,3 +85,22 @@ def pad_rows(rows: torch.Tensor, num_rows: int, sentinel: bytes) -> torch.Tensor
         return rows
     pad = torch.tensor(list(sentinel), dtype=torch.uint8, device=rows.device).expand(missing, -1)
     return torch.cat([rows, pad], dim=0).contiguous()
+
+
+def store_targets(
+    plan_rows: torch.Tensor, is_decode: bool, ratio: int, out_loc: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which plan rows are stored, where and at which RoPE position: ``(valid, dest, positions)``.
+
+    Decode rows are stored iff ``seq_len % ratio == 0``, at ``out_loc[row]``;
+    prefill rows iff valid, at ``out_loc[ragged_id]``.  Position = ``seq_len - ratio``.
+    """
+    if is_decode:
+        seq_len = decode_fields(plan_rows)["seq_len"]
+        valid = torch.remainder(seq_len, ratio) == 0
+        dest = out_loc
+    else:
+        fields = compress_fields(plan_rows)
+        seq_len, valid = fields["seq_len"], fields["valid"]
+        dest = out_loc[torch.where(valid, fields["ragged_id"], 0)]
+    return valid, dest, seq_len - ratio
