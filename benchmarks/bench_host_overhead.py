@@ -1,4 +1,4 @@
-"""Host-side cost of one API call: validation + dispatch, with the device work stubbed out.
+"""Host-side cost of one API call: validation + dispatch, with the backend op stubbed out.
 
 Engines call these ops thousands of times a second, so the Python between the
 call and the launch must stay near 10 µs.  This script replaces the backend
@@ -35,7 +35,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--metadata-only", action="store_true",
+                        help="skip the data-dependent checks on CPU too (what a CUDA call costs without FLASHCOMPRESS_DEBUG)")
     args = parser.parse_args()
+    if args.metadata_only:
+        import flashcompress.validation as V
+
+        V.wants_value_checks = lambda t: False
     dev = torch.device(args.device)
     B, H = args.batch, 512
 
@@ -55,8 +61,8 @@ def main() -> None:
     weight = torch.ones(H, device=dev)
 
     # stub the device work: only validation + dispatch remain
-    api.torch_compress.decode = lambda *a, **k: None
-    api.torch_store.norm_rope_store = lambda *a, **k: None
+    api.torch_ops.compress_forward = lambda *a, **k: None
+    api.torch_ops.compress_norm_rope_store = lambda *a, **k: None
 
     rows = [
         ("compress_forward (decode, C4 H=512)",
@@ -65,7 +71,7 @@ def main() -> None:
          per_call_us(lambda: compress_norm_rope_store(out, plan, norm_weight=weight, norm_eps=1e-6,
                                                       freq_cis=freq, out_loc=loc, kvcache=kvcache, page_size=64))),
     ]
-    print(f"device={dev} batch={B} torch={torch.__version__}")
+    print(f"device={dev} batch={B} torch={torch.__version__} metadata_only={args.metadata_only}")
     print(f"{'call':45s} {'host µs/call':>12s}")
     for name, us in rows:
         print(f"{name:45s} {us:12.1f}")
