@@ -8,11 +8,26 @@
 //   ValueError: req_pool_indices: expected device cuda:0, got cpu:0
 // Wrong dtypes raise TypeError; everything else (shape, device, layout, alignment, ranges)
 // raises ValueError.
+//
+// It also holds the binding side of the GPU runtime shim (gpu_runtime.h), for launches:
+//   FC_CHECK_GPU_ERROR(stmt)   RuntimeError "<CUDA|HIP> Runtime Error: <name> (<code>): <text>"
+//                              unless stmt returns gpuSuccess
+//   GpuDeviceGuard guard(id)   makes device id current for the scope, restores the previous one
+// On CUDA these are tvm-ffi's TVM_FFI_CHECK_CUDA_ERROR and tvm::ffi::CUDADeviceGuard
+// themselves; on HIP (tvm-ffi has no HIP counterparts) they are the same code over the HIP
+// runtime.
 #pragma once
 
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/dtype.h>
 #include <tvm/ffi/error.h>
+
+#include "gpu_runtime.h"
+
+#if !FC_GPU_HIP
+#include <tvm/ffi/extra/cuda/base.h>
+#include <tvm/ffi/extra/cuda/device_guard.h>
+#endif
 
 #include <cstdint>
 #include <initializer_list>
@@ -145,6 +160,49 @@ inline void check_tensor(const TensorView& t, const char* name, DLDataType dtype
   check_contiguous(t, name);
   check_same_device(t, name, device);
 }
+
+// ------------------------------------------------------------------------------------------
+// GPU runtime errors and the current device
+// ------------------------------------------------------------------------------------------
+
+#if FC_GPU_HIP
+#define FC_CHECK_GPU_ERROR(stmt)                                                           \
+  do {                                                                                     \
+    const ::flashcompress::gpuError_t fc_gpu_err_ = (stmt);                                \
+    if (fc_gpu_err_ != ::flashcompress::gpuSuccess) {                                      \
+      TVM_FFI_THROW(RuntimeError) << FC_GPU_RUNTIME_NAME " Runtime Error: "                \
+                                  << ::flashcompress::gpuGetErrorName(fc_gpu_err_) << " (" \
+                                  << static_cast<int>(fc_gpu_err_) << "): "                \
+                                  << ::flashcompress::gpuGetErrorString(fc_gpu_err_);      \
+    }                                                                                      \
+  } while (0)
+
+// tvm::ffi::CUDADeviceGuard over the HIP runtime.
+class GpuDeviceGuard {
+ public:
+  GpuDeviceGuard() = delete;
+  GpuDeviceGuard(const GpuDeviceGuard&) = delete;
+  GpuDeviceGuard& operator=(const GpuDeviceGuard&) = delete;
+  explicit GpuDeviceGuard(int device_index) : target_device_index_(device_index) {
+    FC_CHECK_GPU_ERROR(gpuGetDevice(&original_device_index_));
+    if (target_device_index_ != original_device_index_) {
+      FC_CHECK_GPU_ERROR(gpuSetDevice(target_device_index_));
+    }
+  }
+  ~GpuDeviceGuard() noexcept(false) {
+    if (original_device_index_ != target_device_index_) {
+      FC_CHECK_GPU_ERROR(gpuSetDevice(original_device_index_));
+    }
+  }
+
+ private:
+  int original_device_index_ = 0;
+  int target_device_index_;
+};
+#else
+#define FC_CHECK_GPU_ERROR(stmt) TVM_FFI_CHECK_CUDA_ERROR(stmt)
+using GpuDeviceGuard = ::tvm::ffi::CUDADeviceGuard;
+#endif
 
 }  // namespace ffi_check
 }  // namespace flashcompress

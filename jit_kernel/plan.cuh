@@ -1,6 +1,6 @@
 // flashcompress: compressor plan rows (C++ mirror of python/flashcompress/layouts.py).
 //
-// Plain C++17: this header is included both by nvcc (kernel TUs) and by the host compiler
+// Plain C++17: this header is included both by nvcc/hipcc (kernel TUs) and by the host compiler
 // (tvm-ffi binding TUs), so it must not use CUDA-only syntax outside FC_HOST_DEVICE.
 //
 // All integers are little-endian. Plan tensors are uint8 [rows, sizeof(row)], contiguous, and

@@ -6,9 +6,12 @@
 // launch_prefill_device> holds the four exports of one variant as static member functions. The
 // launchers are plain functions defined in the kernel TU (templates/plan_kernel.cu.j2), one per
 // export, taking the launch-argument struct of jit_kernel/plan.cuh and a stream:
-//   cudaError_t launch_decode(const DecodeArgs&, cudaStream_t)          (Online* when online)
-//   cudaError_t launch_prefill_stage1(const PrefillStage1Args&, cudaStream_t)
-//   cudaError_t launch_prefill_device(const PrefillDeviceArgs&, cudaStream_t)
+//   gpuError_t launch_decode(const DecodeArgs&, gpuStream_t)          (Online* when online)
+//   gpuError_t launch_prefill_stage1(const PrefillStage1Args&, gpuStream_t)
+//   gpuError_t launch_prefill_device(const PrefillDeviceArgs&, gpuStream_t)
+// gpuError_t / gpuStream_t come from the runtime shim gpu_runtime.h (CUDA or HIP, chosen by the
+// compile command); kDevice is kDLCUDA or kDLROCM to match (the binding template picks it from
+// the variant's backend).
 //
 // Every export checks every tensor argument (ffi_check.h: TypeError for a wrong dtype,
 // ValueError for everything else, the message naming the argument) before anything runs,
@@ -49,12 +52,9 @@
 //   Empty outputs (B = 0, Nc = Nw = 0, N = 0) return after the checks without a launch.
 #pragma once
 
-#include <cuda_runtime.h>
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 #include <tvm/ffi/extra/c_env_api.h>
-#include <tvm/ffi/extra/cuda/base.h>
-#include <tvm/ffi/extra/cuda/device_guard.h>
 #include <tvm/ffi/string.h>
 
 #include <cstddef>
@@ -65,7 +65,8 @@
 #include <string>
 #include <type_traits>
 
-#include "ffi_check.h"
+#include "ffi_check.h"  // also the GPU error check and device guard (gpu_runtime.h)
+#include "gpu_runtime.h"
 #include "plan.cuh"
 
 namespace flashcompress {
@@ -76,12 +77,15 @@ using tvm::ffi::TensorView;
 
 inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
+// The DLPack device type of this build's GPU runtime; a variant's kDevice must match it.
+inline constexpr DLDeviceType kGpuDeviceType = FC_GPU_HIP ? kDLROCM : kDLCUDA;
+
 // The type of a kernel-TU launcher taking the argument struct Args.
 template <typename Args>
-using Launcher = cudaError_t (*)(const Args&, cudaStream_t);
+using Launcher = gpuError_t (*)(const Args&, gpuStream_t);
 
-inline cudaStream_t stream_of(DLDevice device) {
-  return static_cast<cudaStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+inline gpuStream_t stream_of(DLDevice device) {
+  return static_cast<gpuStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
 }
 
 // The device of the first output; every other tensor must live there.
@@ -186,14 +190,16 @@ template <int kRatio, DLDeviceType kDevice, auto kLaunchDecode, auto kLaunchPref
 struct PlanBinding<kRatio, false, kDevice, kLaunchDecode, kLaunchPrefillStage1,
                    kLaunchPrefillDevice> {
   static_assert(kRatio == 4 || kRatio == 128, "compress ratio must be 4 or 128");
+  static_assert(kDevice == kGpuDeviceType,
+                "device type must be kDLCUDA for CUDA builds and kDLROCM for HIP builds");
   static_assert(std::is_same_v<decltype(kLaunchDecode), Launcher<DecodeArgs>>,
-                "launch_decode must be cudaError_t (const DecodeArgs&, cudaStream_t)");
+                "launch_decode must be gpuError_t (const DecodeArgs&, gpuStream_t)");
   static_assert(std::is_same_v<decltype(kLaunchPrefillStage1), Launcher<PrefillStage1Args>>,
-                "launch_prefill_stage1 must be cudaError_t "
-                "(const PrefillStage1Args&, cudaStream_t)");
+                "launch_prefill_stage1 must be gpuError_t "
+                "(const PrefillStage1Args&, gpuStream_t)");
   static_assert(std::is_same_v<decltype(kLaunchPrefillDevice), Launcher<PrefillDeviceArgs>>,
-                "launch_prefill_device must be cudaError_t "
-                "(const PrefillDeviceArgs&, cudaStream_t)");
+                "launch_prefill_device must be gpuError_t "
+                "(const PrefillDeviceArgs&, gpuStream_t)");
 
   static void decode(TensorView out, TensorView req_pool_indices, TensorView req_to_token,
                      TensorView full_to_state, TensorView seq_lens, int64_t swa_page_size,
@@ -210,8 +216,8 @@ struct PlanBinding<kRatio, false, kDevice, kLaunchDecode, kLaunchPrefillStage1,
     args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
     args.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
     args.batch = batch;
-    tvm::ffi::CUDADeviceGuard guard(dev.device_id);
-    TVM_FFI_CHECK_CUDA_ERROR(kLaunchDecode(args, stream_of(dev)));
+    chk::GpuDeviceGuard guard(dev.device_id);
+    FC_CHECK_GPU_ERROR(kLaunchDecode(args, stream_of(dev)));
   }
 
   static void prefill_stage1(TensorView plan_c, TensorView plan_w, int64_t num_c, int64_t num_w,
@@ -239,8 +245,8 @@ struct PlanBinding<kRatio, false, kDevice, kLaunchDecode, kLaunchPrefillStage1,
     args.num_w = num_w;
     args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
     args.batch = req_pool_indices.size(0);
-    tvm::ffi::CUDADeviceGuard guard(dev.device_id);
-    TVM_FFI_CHECK_CUDA_ERROR(kLaunchPrefillStage1(args, stream_of(dev)));
+    chk::GpuDeviceGuard guard(dev.device_id);
+    FC_CHECK_GPU_ERROR(kLaunchPrefillStage1(args, stream_of(dev)));
   }
 
   static void prefill_device(TensorView plan_c, TensorView plan_w, TensorView workspace,
@@ -273,8 +279,8 @@ struct PlanBinding<kRatio, false, kDevice, kLaunchDecode, kLaunchPrefillStage1,
     args.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
     args.extend_lens = static_cast<const int64_t*>(extend_lens.data_ptr());
     args.batch = batch;
-    tvm::ffi::CUDADeviceGuard guard(dev.device_id);
-    TVM_FFI_CHECK_CUDA_ERROR(kLaunchPrefillDevice(args, stream_of(dev)));
+    chk::GpuDeviceGuard guard(dev.device_id);
+    FC_CHECK_GPU_ERROR(kLaunchPrefillDevice(args, stream_of(dev)));
   }
 
   static tvm::ffi::String layout_info() { return layout_json<kRatio, false>(); }
@@ -289,14 +295,16 @@ template <int kRatio, DLDeviceType kDevice, auto kLaunchDecode, auto kLaunchPref
 struct PlanBinding<kRatio, true, kDevice, kLaunchDecode, kLaunchPrefillStage1,
                    kLaunchPrefillDevice> {
   static_assert(kRatio == 128, "online compression exists only for ratio 128");
+  static_assert(kDevice == kGpuDeviceType,
+                "device type must be kDLCUDA for CUDA builds and kDLROCM for HIP builds");
   static_assert(std::is_same_v<decltype(kLaunchDecode), Launcher<OnlineDecodeArgs>>,
-                "launch_decode must be cudaError_t (const OnlineDecodeArgs&, cudaStream_t)");
+                "launch_decode must be gpuError_t (const OnlineDecodeArgs&, gpuStream_t)");
   static_assert(
       std::is_same_v<decltype(kLaunchPrefillStage1), Launcher<OnlinePrefillStage1Args>>,
-      "launch_prefill_stage1 must be cudaError_t (const OnlinePrefillStage1Args&, cudaStream_t)");
+      "launch_prefill_stage1 must be gpuError_t (const OnlinePrefillStage1Args&, gpuStream_t)");
   static_assert(
       std::is_same_v<decltype(kLaunchPrefillDevice), Launcher<OnlinePrefillDeviceArgs>>,
-      "launch_prefill_device must be cudaError_t (const OnlinePrefillDeviceArgs&, cudaStream_t)");
+      "launch_prefill_device must be gpuError_t (const OnlinePrefillDeviceArgs&, gpuStream_t)");
 
   static void decode(TensorView out, TensorView req_pool_indices, TensorView seq_lens,
                      int64_t state_slot_offset) {
@@ -312,8 +320,8 @@ struct PlanBinding<kRatio, true, kDevice, kLaunchDecode, kLaunchPrefillStage1,
     args.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
     args.batch = batch;
     args.state_slot_offset = state_slot_offset;
-    tvm::ffi::CUDADeviceGuard guard(dev.device_id);
-    TVM_FFI_CHECK_CUDA_ERROR(kLaunchDecode(args, stream_of(dev)));
+    chk::GpuDeviceGuard guard(dev.device_id);
+    FC_CHECK_GPU_ERROR(kLaunchDecode(args, stream_of(dev)));
   }
 
   static void prefill_stage1(TensorView plan_c, TensorView plan_w, int64_t num_c, int64_t num_w,
@@ -339,8 +347,8 @@ struct PlanBinding<kRatio, true, kDevice, kLaunchDecode, kLaunchPrefillStage1,
     args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
     args.batch = req_pool_indices.size(0);
     args.state_slot_offset = state_slot_offset;
-    tvm::ffi::CUDADeviceGuard guard(dev.device_id);
-    TVM_FFI_CHECK_CUDA_ERROR(kLaunchPrefillStage1(args, stream_of(dev)));
+    chk::GpuDeviceGuard guard(dev.device_id);
+    FC_CHECK_GPU_ERROR(kLaunchPrefillStage1(args, stream_of(dev)));
   }
 
   static void prefill_device(TensorView plan_c, TensorView plan_w, TensorView workspace,
@@ -371,8 +379,8 @@ struct PlanBinding<kRatio, true, kDevice, kLaunchDecode, kLaunchPrefillStage1,
     args.extend_lens = static_cast<const int64_t*>(extend_lens.data_ptr());
     args.batch = batch;
     args.state_slot_offset = state_slot_offset;
-    tvm::ffi::CUDADeviceGuard guard(dev.device_id);
-    TVM_FFI_CHECK_CUDA_ERROR(kLaunchPrefillDevice(args, stream_of(dev)));
+    chk::GpuDeviceGuard guard(dev.device_id);
+    FC_CHECK_GPU_ERROR(kLaunchPrefillDevice(args, stream_of(dev)));
   }
 
   static tvm::ffi::String layout_info() { return layout_json<kRatio, true>(); }

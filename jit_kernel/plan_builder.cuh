@@ -1,8 +1,10 @@
 // flashcompress: GPU builders of the compressor plans (spec/compressor.md §3-§4).
 //
-// Device code only: includes the CUDA runtime and plan.cuh, never tvm-ffi. Every output byte
-// equals what python/flashcompress/torch_backend/plans.py produces for the same inputs, in the
-// same row order (batch-major, then position-ascending); no atomics anywhere.
+// Device code only: includes the GPU runtime shim (gpu_runtime.h: CUDA or HIP, chosen by the
+// compile command) and plan.cuh, never tvm-ffi. Every output byte equals what
+// python/flashcompress/torch_backend/plans.py produces for the same inputs, in the same row
+// order (batch-major, then position-ascending); no atomics anywhere. Warp-size agnostic (no
+// warp intrinsics), so the same code is correct on 32-lane warps and 64-lane wavefronts.
 //
 // Tensors (all on one GPU, contiguous unless stated):
 //   req_pool_indices  int64 [B]          request slot rid of batch entry b
@@ -38,10 +40,9 @@
 // host program can run exactly this code on the CPU (tests/native/plan_host_emulator.cu).
 #pragma once
 
-#include <cuda_runtime.h>
-
 #include <cstdint>
 
+#include "gpu_runtime.h"
 #include "plan.cuh"
 
 namespace flashcompress {
@@ -49,6 +50,13 @@ namespace plan {
 
 inline constexpr int kRowBlock = 256;      // threads per block of the one-thread-per-row kernels
 inline constexpr int kScanThreads = 1024;  // threads of the single-block scan kernel
+
+// Whole warps on NVIDIA (32) and whole wavefronts on AMD (64); at most the 1024-thread block
+// limit of both vendors. Nothing here depends on the lane count (see the scan kernel).
+static_assert(kRowBlock % kMaxWarpSize == 0 && kRowBlock <= 1024,
+              "plan: kRowBlock must be a multiple of 64 lanes and at most 1024");
+static_assert(kScanThreads % kMaxWarpSize == 0 && kScanThreads <= 1024,
+              "plan: kScanThreads must be a multiple of 64 lanes and at most 1024");
 
 FC_HOST_DEVICE int64_t min_i64(int64_t a, int64_t b) { return a < b ? a : b; }
 FC_HOST_DEVICE int64_t max_i64(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -416,7 +424,9 @@ __global__ void __launch_bounds__(kRowBlock) online_stage1_kernel(const OnlinePr
 
 // Single block of kScanThreads threads. Requests are processed in tiles of kScanThreads; each
 // tile is scanned in shared memory (Hillis-Steele, no warp intrinsics so the code is
-// warp-size agnostic) and offset by the running total of the previous tiles.
+// warp-size agnostic) and offset by the running total of the previous tiles. Every step is
+// separated by block-wide __syncthreads(), never by warp-synchronous assumptions, so it is
+// correct for 32-lane warps and 64-lane wavefronts alike. Shared memory: 3 * 8 KiB.
 template <int kRatio, bool kOnline, typename Args>
 __global__ void __launch_bounds__(kScanThreads) prefill_scan_kernel(const Args a) {
   __shared__ int64_t s_tok[kScanThreads];
@@ -489,7 +499,8 @@ __global__ void __launch_bounds__(kRowBlock)
 
 // ------------------------------------------------------------------------------------------
 // Launchers: plain host functions on the caller's stream. Empty work launches nothing (a
-// zero-size grid is a CUDA error). They return the launch status; no synchronisation.
+// zero-size grid is a launch error). They return the launch status; no synchronisation.
+// Triple-chevron launches work under nvcc and hip-clang alike.
 // ------------------------------------------------------------------------------------------
 
 inline unsigned int row_blocks(int64_t rows) {
@@ -497,53 +508,53 @@ inline unsigned int row_blocks(int64_t rows) {
 }
 
 template <int kRatio>
-cudaError_t launch_decode(const DecodeArgs& a, cudaStream_t stream) {
-  if (a.batch <= 0) return cudaSuccess;
+gpuError_t launch_decode(const DecodeArgs& a, gpuStream_t stream) {
+  if (a.batch <= 0) return gpuSuccess;
   decode_kernel<kRatio><<<row_blocks(a.batch), kRowBlock, 0, stream>>>(a);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 template <int kRatio>
-cudaError_t launch_online_decode(const OnlineDecodeArgs& a, cudaStream_t stream) {
-  if (a.batch <= 0) return cudaSuccess;
+gpuError_t launch_online_decode(const OnlineDecodeArgs& a, gpuStream_t stream) {
+  if (a.batch <= 0) return gpuSuccess;
   online_decode_kernel<kRatio><<<row_blocks(a.batch), kRowBlock, 0, stream>>>(a);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 template <int kRatio>
-cudaError_t launch_prefill_stage1(const PrefillStage1Args& a, cudaStream_t stream) {
+gpuError_t launch_prefill_stage1(const PrefillStage1Args& a, gpuStream_t stream) {
   const int64_t rows = max_i64(a.rows_c, a.rows_w);
-  if (rows <= 0) return cudaSuccess;
+  if (rows <= 0) return gpuSuccess;
   prefill_stage1_kernel<kRatio><<<row_blocks(rows), kRowBlock, 0, stream>>>(a);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 template <int kRatio>
-cudaError_t launch_online_prefill_stage1(const OnlinePrefillStage1Args& a, cudaStream_t stream) {
+gpuError_t launch_online_prefill_stage1(const OnlinePrefillStage1Args& a, gpuStream_t stream) {
   const int64_t rows = max_i64(a.rows_c, a.rows_w);
-  if (rows <= 0) return cudaSuccess;
+  if (rows <= 0) return gpuSuccess;
   online_stage1_kernel<kRatio><<<row_blocks(rows), kRowBlock, 0, stream>>>(a);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 template <int kRatio>
-cudaError_t launch_prefill_device(const PrefillDeviceArgs& a, cudaStream_t stream) {
-  if (a.num_rows <= 0) return cudaSuccess;
+gpuError_t launch_prefill_device(const PrefillDeviceArgs& a, gpuStream_t stream) {
+  if (a.num_rows <= 0) return gpuSuccess;
   prefill_scan_kernel<kRatio, false, PrefillDeviceArgs><<<1, kScanThreads, 0, stream>>>(a);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  gpuError_t err = gpuGetLastError();
+  if (err != gpuSuccess) return err;
   prefill_rows_kernel<kRatio><<<row_blocks(a.num_rows), kRowBlock, 0, stream>>>(a);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 template <int kRatio>
-cudaError_t launch_online_prefill_device(const OnlinePrefillDeviceArgs& a, cudaStream_t stream) {
-  if (a.num_rows <= 0) return cudaSuccess;
+gpuError_t launch_online_prefill_device(const OnlinePrefillDeviceArgs& a, gpuStream_t stream) {
+  if (a.num_rows <= 0) return gpuSuccess;
   prefill_scan_kernel<kRatio, true, OnlinePrefillDeviceArgs><<<1, kScanThreads, 0, stream>>>(a);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
+  gpuError_t err = gpuGetLastError();
+  if (err != gpuSuccess) return err;
   online_prefill_rows_kernel<kRatio><<<row_blocks(a.num_rows), kRowBlock, 0, stream>>>(a);
-  return cudaGetLastError();
+  return gpuGetLastError();
 }
 
 }  // namespace plan

@@ -4,6 +4,9 @@
 * Every preset variant renders, compiles for sm_90a with the real nvcc through the JIT
   engine, loads, exports every function, and its C++ layouts (``layout_info``, a host
   function) agree with ``flashcompress.layouts``; a second load compiles nothing.
+* Both TUs of every variant compile with -Wall -Wextra (nvcc: on the host side) without a
+  warning from our code (jit_kernel/ and the rendered sources). The HIP counterparts of these
+  build checks are in test_hip_build.py.
 * The kernel logic itself runs on the CPU: tests/native/plan_host_emulator.cu calls the
   exact ``__host__ __device__`` per-row functions of jit_kernel/plan_builder.cuh in a loop
   over the thread index (the scan kernel replaced by a serial scan), and its bytes are
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
 from pathlib import Path
 
@@ -127,6 +131,48 @@ def test_binding_rejects_host_tensors(jit_env) -> None:
                               torch.empty(9, dtype=torch.int64), z, z, z, 0)
 
 
+# A warning whose primary location is one of our files: a jit_kernel/ header or a rendered TU
+# (./kernel.cu, ./binding.cpp); gcc/clang ("f:12:3: warning") and nvcc front end ("f(12): warning")
+# formats. tvm-ffi's own header warnings (unused parameters in its export macro) are not ours.
+_WARNING = re.compile(r"^(?P<path>[^\s:()]+)(?::\d+(?::\d+)?:|\(\d+\):)\s*warning\b")
+
+
+def own_warnings(output: str, include_dir: Path) -> list[str]:
+    found = []
+    for line in output.splitlines():
+        m = _WARNING.match(line.strip())
+        if m and (m.group("path").startswith("./") or "/" not in m.group("path")
+                  or m.group("path").startswith(str(include_dir))):
+            found.append(line)
+    return found
+
+
+@requires_nvcc
+@pytest.mark.parametrize("params", EXPECTED_VARIANTS, ids=lambda p: f"r{p['ratio']}_online{int(p['online'])}")
+def test_variant_tus_compile_without_warnings(jit_env, tmp_path: Path, params) -> None:
+    from flashcompress.jit import VariantKey, build, get_family
+    from flashcompress.jit.render import kernel_include_dir, render_sources
+    from flashcompress.jit.toolchain import get_toolchain, tvm_ffi_info
+
+    key = VariantKey.make("plan", target="cuda:9.0a", **params)
+    fam = get_family("plan")
+    sources = render_sources(key, fam)
+    for name, text in sources.items():
+        (tmp_path / name).write_text(text)
+    compiles, _ = build.plan_steps(key, fam, get_toolchain("cuda", None), tvm_ffi_info(), list(sources),
+                                   kernel_include_dir(), "module.so", tmp_path)
+    procs = []
+    for step in compiles:
+        extra = ["-Xcompiler=-Wall,-Wextra"] if step.label == "compile kernel.cu" else ["-Wall", "-Wextra"]
+        argv = [step.argv[0], *extra, *step.argv[1:]]
+        procs.append((step, subprocess.Popen(argv, cwd=tmp_path, env=dict(os.environ, **step.env),
+                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    for step, proc in procs:
+        output, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{step.command}\n{output}"
+        assert not own_warnings(output, kernel_include_dir()), f"{step.label}:\n{output}"
+
+
 # ----------------------------------------------------------------------------- host emulation of the kernels
 
 EMULATOR_SRC = REPO / "tests" / "native" / "plan_host_emulator.cu"
@@ -140,9 +186,11 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not nvcc.exists():
         pytest.skip(f"nvcc not found under {cuda_home}")
     exe = tmp_path_factory.mktemp("plan_emulator") / "plan_host_emulator"
-    cmd = [str(nvcc), "-std=c++17", "-O1", f"-I{REPO / 'jit_kernel'}", str(EMULATOR_SRC), "-o", str(exe)]
+    cmd = [str(nvcc), "-std=c++17", "-O1", "-Xcompiler=-Wall,-Wextra", f"-I{REPO / 'jit_kernel'}", str(EMULATOR_SRC),
+           "-o", str(exe)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"emulator build failed:\n{' '.join(cmd)}\n{res.stdout}\n{res.stderr}"
+    assert not own_warnings(res.stdout + res.stderr, REPO), res.stdout + res.stderr  # no tvm-ffi here
     return exe
 
 
