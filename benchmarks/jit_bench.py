@@ -12,7 +12,10 @@ Measured quantities:
                  GPU is present, as a real caller has): ``import tvm_ffi``,
                  ``import flashcompress.jit``, the engine and family modules (one-time imports,
                  reported separately), then the first ``get_module`` of a cached variant
-                 (settings, digests, toolchain memo, manifest + size check, dlopen, export check).
+                 (settings, digests, toolchain memo, manifest checks, size + sidecar check,
+                 dlopen, export check).  Three lookups: with the toolchain (the content key);
+                 without it (CUDA_HOME=/nonexistent, offline: through the current-* pointer);
+                 and with the .verified sidecars removed (the library is hashed).
   cached call    ``get_module(family, **params)`` after the first call (memo hit), and
                  ``load(key)`` with a prebuilt key, against a bare dict lookup.
   tvm-ffi build  (``--compare-tvm-ffi``) the same rendered sources through ``tvm_ffi.cpp.build``,
@@ -25,6 +28,7 @@ Prints Markdown tables (the numbers in benchmarks/RESULTS.md come from this scri
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -82,9 +86,8 @@ def bench_cold(families: list[str], reps: int, workdir: Path) -> tuple[list[list
     """Cold builds, ``reps`` times each in a fresh cache; returns table rows and the last cache dir."""
     from flashcompress.jit import acquire, build
 
-    import filelock  # noqa: F401 - the engine imports these lazily; keep them out of the timing
-    import jinja2  # noqa: F401
-    import tvm_ffi  # noqa: F401
+    for lazily_imported in ("filelock", "jinja2", "tvm_ffi"):  # the engine imports these on first use;
+        importlib.import_module(lazily_imported)              # keep them out of the timing
 
     rows = []
     last = workdir / "cold-0"
@@ -131,26 +134,42 @@ print(json.dumps({"tvm_ffi_import": t1 - t0, "jit_import": t2 - t1, "engine_impo
 """
 
 
+LOAD_MODES = {
+    # label: (extra environment, remove the .verified sidecars before each run)
+    "toolchain present": ({}, False),
+    "no toolchain (CUDA_HOME=/nonexistent, offline)": ({"CUDA_HOME": "/nonexistent", "FLASHCOMPRESS_OFFLINE": "1"},
+                                                       False),
+    "no sidecar (sha256 of the .so)": ({}, True),
+}
+
+
 def bench_fresh_load(families: list[str], cache_dir: Path, reps: int) -> list[list[str]]:
     rows = []
-    env = _environ(cache_dir)
+    base_env = _environ(cache_dir)
     # Measure with bytecode cached, as in an installed package (pip compiles .pyc files); keep the
     # .pyc files out of the source tree.  One discarded run per variant writes them.
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env["PYTHONPYCACHEPREFIX"] = str(cache_dir.parent / "pycache")
+    base_env.pop("PYTHONDONTWRITEBYTECODE", None)
+    base_env["PYTHONPYCACHEPREFIX"] = str(cache_dir.parent / "pycache")
     for name in families:
         params = VARIANTS[name][0]
-        samples = []
-        for rep in range(reps + 1):
-            proc = subprocess.run([sys.executable, "-c", FRESH_LOAD, name, json.dumps(params)], env=env,
-                                  capture_output=True, text=True, check=True)
-            if rep:
-                samples.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        rows.append([f"{name}({', '.join(f'{k}={v}' for k, v in params.items())})",
-                     _fmt([s["first_get_module"] for s in samples], 1e3),
-                     _fmt([s["engine_import"] for s in samples], 1e3),
-                     _fmt([s["jit_import"] for s in samples], 1e3),
-                     _fmt([s["tvm_ffi_import"] for s in samples], 1e3)])
+        for mode, (extra, drop_sidecar) in LOAD_MODES.items():
+            env = dict(base_env, **extra)
+            samples = []
+            for rep in range(reps + 1):
+                if drop_sidecar:
+                    for sidecar in cache_dir.glob("*/*/*/*/*.so.verified"):
+                        sidecar.unlink()
+                proc = subprocess.run([sys.executable, "-c", FRESH_LOAD, name, json.dumps(params)], env=env,
+                                      capture_output=True, text=True)
+                if proc.returncode:
+                    raise RuntimeError(f"fresh load ({mode}) failed:\n{proc.stderr}")
+                if rep:
+                    samples.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            rows.append([f"{name}({', '.join(f'{k}={v}' for k, v in params.items())})", mode,
+                         _fmt([s["first_get_module"] for s in samples], 1e3),
+                         _fmt([s["engine_import"] for s in samples], 1e3),
+                         _fmt([s["jit_import"] for s in samples], 1e3),
+                         _fmt([s["tvm_ffi_import"] for s in samples], 1e3)])
     return rows
 
 
@@ -248,7 +267,7 @@ def main() -> None:
         print(table(["variant", "total", "compile steps (parallel)", "link", ".so"], cold_rows), "\n")
         print(f"## First get_module of a cached variant in a fresh process (ms; median (min–max) of "
               f"{args.load_reps}; torch imported and CUDA initialised if present)\n")
-        print(table(["variant", "first get_module", "engine + family module import",
+        print(table(["variant", "lookup", "first get_module", "engine + family module import",
                      "import flashcompress.jit", "import tvm_ffi"],
                     bench_fresh_load(families, cache_dir, args.load_reps)), "\n")
         print("## Cached call overhead (ns per call, best of 5 x 200k)\n")

@@ -8,6 +8,7 @@ for the next; tests that damage entries use variants of their own.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -30,9 +31,7 @@ def toolchain_missing() -> str | None:
         return f"nvcc not found under {_cuda_home()} (set CUDA_HOME)"
     if shutil.which(os.environ.get("CXX") or "c++") is None:
         return "no host C++ compiler"
-    try:
-        import tvm_ffi  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("tvm_ffi") is None:
         return "apache-tvm-ffi is not installed"
     return None
 

@@ -6,6 +6,8 @@ name under pytest's base temp dir), so variants built there are hits here.
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
 import shutil
@@ -145,7 +147,114 @@ def test_prewarm_failure_exits_nonzero_with_first_error(jit_env: dict[str, str],
     assert re.search(r"selftest\(block=128, value=3\) @ cuda:9\.0a\s+(hit|built)", out)
 
 
+class FakeTTY:
+    """A terminal-like stream: isatty() is True; collects what is written."""
+
+    def __init__(self) -> None:
+        self.chunks: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.chunks.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+    def getvalue(self) -> str:
+        return "".join(self.chunks)
+
+
+class FakeKey(str):
+    def describe(self) -> str:
+        return f"plan(ratio={self}) @ cuda:9.0a"
+
+
+def test_progress_line_on_a_tty_and_plain_lines_otherwise() -> None:
+    a, b, c = FakeKey("4"), FakeKey("128"), FakeKey("512")
+    now = [100.0]
+    tty = FakeTTY()
+    progress = cli.Progress(3, tty, tick=0, clock=lambda: now[0], columns=200)
+    progress.started(a)
+    progress.started(b)
+    now[0] += 2.5
+    assert progress.line() == ("[........................] 0/3   2.5s  "
+                               "plan(ratio=4) @ cuda:9.0a, plan(ratio=128) @ cuda:9.0a")
+    progress.finished(1, 3, types.SimpleNamespace(key=a, status="built", seconds=2.5))
+    progress.started(c)
+    progress.finished(2, 3, types.SimpleNamespace(key=b, status="hit", seconds=0.1))
+    progress.finished(3, 3, types.SimpleNamespace(key=c, status="built", seconds=1.0))
+    progress.close()
+    text = tty.getvalue()
+    assert text.count("\n") == 1 and text.endswith("\n"), "a TTY gets one line, redrawn in place"
+    frames = [frame for frame in text.rstrip("\n").split("\r\x1b[K") if frame]
+    assert frames[0].startswith("[........................] 0/3") and "plan(ratio=4)" in frames[0]
+    assert any(f.startswith("[########................] 1/3") and "plan(ratio=512)" in f for f in frames)
+    assert frames[-1] == "[########################] 3/3   2.5s"
+    narrow = cli.Progress(3, FakeTTY(), tick=0, clock=lambda: now[0], columns=40)
+    narrow.started(a)
+    assert len(narrow.line()) <= 40 and narrow.line().endswith("…")
+
+    log = io.StringIO()  # not a terminal: one plain line per finished variant, no control characters
+    progress = cli.Progress(2, log, clock=lambda: now[0])
+    progress.started(a)
+    progress.finished(1, 2, types.SimpleNamespace(key=a, status="built", seconds=2.5))
+    progress.finished(2, 2, types.SimpleNamespace(key=b, status="hit", seconds=0.0))
+    progress.close()
+    assert log.getvalue().splitlines() == ["[1/2] built     2.50s  plan(ratio=4) @ cuda:9.0a",
+                                           "[2/2] hit       0.00s  plan(ratio=128) @ cuda:9.0a"]
+
+
+def test_jobs_capped_by_memory(private_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache, "available_memory_bytes", lambda: 5 * cache.GIB)
+    assert cache.memory_job_cap() == 2
+    jobs, note = cache.jobs_for(8)
+    assert jobs == 2 and "-j 8 capped to 2 by available memory (5.0 GiB available" in note
+    assert cache.jobs_for(2) == (2, None)
+    monkeypatch.setattr(cache, "available_memory_bytes", lambda: 64 * cache.GIB)
+    assert cache.jobs_for(8) == (8, None)  # an explicit -j may exceed the core count
+    monkeypatch.setattr(cache, "available_memory_bytes", lambda: None)
+    assert cache.jobs_for(8) == (8, None)
+
+
+@requires_nvcc
+@pytest.mark.nvcc
+def test_prewarm_on_a_tty_with_capped_jobs(jit_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["prewarm", "-j", "6", "--import", "flashcompress.jit.selftest", "selftest:value=3,block=128"]
+    run_cli(*argv, capsys=capsys)  # cached afterwards
+    monkeypatch.setattr(cache, "available_memory_bytes", lambda: 3 * cache.GIB)
+    tty = FakeTTY()
+    monkeypatch.setattr(sys, "stdout", tty)
+    engine.clear_memo()
+    assert cli.main(argv) == 0
+    out = tty.getvalue()
+    assert "note: -j 6 capped to 1 by available memory" in out and "with 1 job(s)" in out
+    assert "\r\x1b[K[########################] 1/1" in out
+    assert not re.search(r"^\[\s*\d+/\d+\]", out, re.M), "no per-variant log lines on a terminal"
+    assert re.search(r"^selftest\(block=128, value=3\) @ cuda:9\.0a\s+hit\s", out, re.M)  # the summary table
+
+
 # ----------------------------------------------------------------------------- cache
+
+
+def test_cache_list_params_in_prewarm_order(private_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """`cache list` names variants exactly as `prewarm` does: plan(ratio=4, online=False), not sorted by name."""
+    reason = plan_family_missing()
+    if reason:
+        pytest.skip(reason)
+    root = Path(private_env["FLASHCOMPRESS_CACHE_DIR"])
+    key = jit.VariantKey.make("plan", ratio=4, online=False)
+    leaf = root / cache.package_version() / "sm90a" / key.module_name / ("0" * 20)
+    leaf.mkdir(parents=True)
+    manifest = {"family": "plan", "params": dict(key.params), "target": key.target, "key": leaf.name}
+    (leaf / "variant.json").write_text(json.dumps(manifest))
+    assert list(manifest["params"]) == ["online", "ratio"]  # stored sorted by name
+    code, out, _ = run_cli("cache", "list", capsys=capsys)
+    assert code == 0 and " plan(ratio=4, online=False) @ cuda:9.0a " in out
+    assert key.describe() == "plan(ratio=4, online=False) @ cuda:9.0a"
 
 
 def _populate(shared: Path, private: Path) -> Path:
@@ -183,6 +292,10 @@ def test_cache_info_list_verify_clean(jit_env: dict[str, str], tmp_path: Path, m
 
     code, out, _ = run_cli("cache", "verify", capsys=capsys)
     assert code == 0 and "2 entries verified, 0 bad" in out
+    assert out.splitlines()[0].split() == ["variant", "status", "path"]
+    rows = [line for line in out.splitlines() if "@ cuda:" in line]
+    assert len(rows) == 2 and all(re.fullmatch(r"selftest\(block=128, value=3\) @ cuda:9\.0a\s+ok\s+/\S+", r)
+                                  for r in rows), rows
 
     code, out, _ = run_cli("cache", "clean", "--stale", capsys=capsys)
     assert code == 0 and "removed 3 item(s)" in out
@@ -193,7 +306,9 @@ def test_cache_info_list_verify_clean(jit_env: dict[str, str], tmp_path: Path, m
     truncated.write_bytes(library.read_bytes()[:100])
     os.replace(truncated, library)  # a new inode: the copy verify just loaded stays intact
     code, out, _ = run_cli("cache", "verify", capsys=capsys)
-    assert code == 1 and "BAD" in out and "1 bad" in out
+    assert code == 1 and "1 bad" in out
+    assert re.search(r"^selftest\(block=128, value=3\) @ cuda:9\.0a\s+BAD: \S+\.so: size 100 != manifest \d+\s+"
+                     + re.escape(str(leaf)) + "$", out, re.M), out
 
     code, out, _ = run_cli("cache", "clean", capsys=capsys)
     assert code == 0 and not list(private.glob("*/*"))

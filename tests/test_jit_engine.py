@@ -195,6 +195,63 @@ def test_hip_build_commands(private_env: dict[str, str]) -> None:
     assert [s.label for s in compiles] == ["compile kernel.cu", "compile binding.cpp"]  # config.h not compiled
 
 
+def test_header_closure_scanner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The include scanner follows static includes into jit_kernel/ and gives up (whole tree) when it must."""
+    templates, headers = tmp_path / "templates", tmp_path / "jit_kernel"
+    (headers / "sub").mkdir(parents=True)
+    templates.mkdir()
+    files = {
+        templates / "k.cu.j2": '#include "config.h"\n#include "a.cuh"  // the kernel\n#include <cuda_runtime.h>\n'
+                               '{% include "part.j2" %}\n',
+        templates / "part.j2": "#  include <sub/b.cuh>\n",
+        templates / "config.h.j2": "constexpr int kX = {{ x }};\n",
+        headers / "a.cuh": '#pragma once\n#include "sub/c.cuh"\n#include <vector>\n',
+        headers / "sub" / "b.cuh": "#pragma once\n",
+        headers / "sub" / "c.cuh": '#include "d.cuh"\n',  # relative to sub/ first
+        headers / "sub" / "d.cuh": "#pragma once\n",
+        headers / "d.cuh": "// same name one level up: not the one sub/c.cuh includes\n",
+        headers / "unrelated.cuh": "#pragma once\n",
+    }
+    for path, text in files.items():
+        path.write_text(text)
+    monkeypatch.setattr(render, "template_dir", lambda: templates)
+    monkeypatch.setattr(render, "kernel_include_dir", lambda: headers)
+    render.clear_digest_memo()
+    sources = (("k.cu.j2", "kernel.cu"), ("config.h.j2", "config.h"))
+    assert render.header_closure(sources) == (("a.cuh", "sub/b.cuh", "sub/c.cuh", "sub/d.cuh"), "")
+    digest = render.headers_digest(sources)
+    assert digest.startswith("closure:")
+    (headers / "unrelated.cuh").write_text("// edited\n")
+    (headers / "d.cuh").write_text("// edited too\n")
+    render.clear_digest_memo()
+    assert render.headers_digest(sources) == digest
+    (headers / "sub" / "d.cuh").write_text("#pragma once // edited\n")
+    render.clear_digest_memo()
+    assert render.headers_digest(sources) != digest
+    # What the scanner cannot follow makes every file count.
+    for text, reason in [("#include KERNEL_HEADER\n", "computed"), ('#include "{{ name }}.cuh"\n', "computed"),
+                         ('#include "nowhere.cuh"\n', "resolves nowhere"), ('#include "../outside.h"\n', "outside")]:
+        (tmp_path / "outside.h").write_text("// outside jit_kernel\n")
+        (templates / "part.j2").write_text(text)
+        render.clear_digest_memo()
+        closure, why = render.header_closure(sources)
+        assert closure is None and reason in why, (text, why)
+        assert render.headers_digest(sources) == "tree:" + render.tree_digest(headers)
+    (templates / "part.j2").write_text("")
+    render.clear_digest_memo()
+    assert render.header_closure(sources, ("-include", "x.h"))[0] is None
+    assert render.header_closure(sources, ("-O2",))[0] == ("a.cuh", "sub/c.cuh", "sub/d.cuh")
+
+
+def test_header_closure_of_the_real_families() -> None:
+    render.clear_digest_memo()
+    plan, _ = render.header_closure(jit.get_family("plan").sources)
+    selftest, _ = render.header_closure(jit.get_family("selftest").sources)
+    assert plan is not None and selftest is not None
+    assert {"plan.cuh", "plan_builder.cuh", "plan_binding.h"} <= set(plan) and "selftest.cuh" not in plan
+    assert "selftest.cuh" in selftest and not {"plan.cuh", "plan_builder.cuh"} & set(selftest)
+
+
 @requires_nvcc
 @pytest.mark.nvcc
 def test_key_changes_only_with_inputs(jit_env: dict[str, str], tmp_path: Path,
@@ -211,14 +268,33 @@ def test_key_changes_only_with_inputs(jit_env: dict[str, str], tmp_path: Path,
     assert engine.resolve(selftest_key(3, target="cuda:10.0a")).layout.key != base
     # A parameter.
     assert engine.resolve(selftest_key(4)).layout.key != base
-    # A header under jit_kernel/ (edit a copy of the tree).
+    # A header under jit_kernel/ (edit a copy of the tree): the key changes when a header the family's
+    # sources include (directly or through another header) changes, and not when any other file does.
+    plan = jit.VariantKey.make("plan", ratio=4, online=False)
+    plan_base = engine.resolve(plan).layout.key
     headers = tmp_path / "jit_kernel"
     shutil.copytree(render.kernel_include_dir(), headers)
-    monkeypatch.setattr(engine, "tree_digest", lambda: render.tree_digest(headers))
-    assert engine.resolve(key).layout.key == base  # identical content, different path: same key
+    monkeypatch.setattr(render, "kernel_include_dir", lambda: headers)
+
+    def keys() -> tuple[str, str]:
+        render.clear_digest_memo()
+        return engine.resolve(key).layout.key, engine.resolve(plan).layout.key
+
+    assert keys() == (base, plan_base)  # identical content, different path: same keys
+    plan_headers, _ = render.header_closure(jit.get_family("plan").sources)
+    assert "plan.cuh" in plan_headers and "selftest.cuh" not in plan_headers
     (headers / "selftest.cuh").write_text((headers / "selftest.cuh").read_text() + "\n// edited\n")
-    render.clear_digest_memo()
-    assert engine.resolve(key).layout.key != base
+    selftest_edited, plan_after = keys()
+    assert selftest_edited != base, "editing a header selftest includes must change its key"
+    assert plan_after == plan_base, "editing selftest.cuh must not invalidate the plan variants"
+    # plan.cuh is reached through plan_builder.cuh / plan_binding.h (a transitive include).
+    (headers / "plan.cuh").write_text((headers / "plan.cuh").read_text() + "\n// edited\n")
+    selftest_now, plan_edited = keys()
+    assert plan_edited != plan_base and selftest_now == selftest_edited
+    # A new header nobody includes changes nothing.
+    before = keys()
+    (headers / "unused_new.cuh").write_text("// not included by anything\n")
+    assert keys() == before
     monkeypatch.undo()
     apply_environ(monkeypatch, jit_env)
     assert engine.resolve(key).layout.key == base
@@ -331,6 +407,18 @@ def test_four_processes_race_one_build(private_env: dict[str, str], tmp_path: Pa
     assert len([p for p in module_dir.iterdir() if p.is_dir()]) == 1  # one entry, no staging debris
 
 
+def zero_middle_in_place(path: Path, length: int = 4096) -> None:
+    """Zero ``length`` bytes in the middle of ``path`` in place (same inode and size), then set the
+    mtime back, as a careless copy tool or a bad disk would leave it."""
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek((st.st_size // 2) // length * length)
+        f.write(b"\0" * length)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 @requires_nvcc
 @pytest.mark.nvcc
 def test_corrupt_library_is_detected_removed_and_rebuilt(jit_env: dict[str, str]) -> None:
@@ -343,11 +431,18 @@ def test_corrupt_library_is_detected_removed_and_rebuilt(jit_env: dict[str, str]
     leaf = Path(proc.stdout.strip().splitlines()[-1])
     library = leaf / f"{key.module_name}.so"
     good = library.read_bytes()
-    # Same size, different bytes: `cache verify` (sha256) reports it; a load fails in dlopen.
-    replace_file(library, b"\0" * len(good))
+    assert (leaf / f"{library.name}.verified").is_file(), "publishing records the verified file identity"
+    # Same size, same inode, same mtime, 4 KiB of zeros mid-file (dlopen may well still succeed: the
+    # damage can sit in code that is never run at load). The sidecar no longer matches (ctime moved),
+    # so the first load hashes the file and catches it: warned about, removed, rebuilt.
+    zero_middle_in_place(library)
     assert engine.verify_entry(leaf) == (False, f"{library.name}: sha256 mismatch")
-    module, problem = engine._try_load(engine.resolve(key))
-    assert module is None and "failed to load" in problem
+    builds = build.build_counter()
+    with pytest.warns(errors.CacheCorruptionWarning, match="sha256"):
+        again = jit.acquire(key)
+    assert again.status == "rebuilt" and build.build_counter() == builds + 1
+    check_module(again.module, 11)
+    assert engine.verify_entry(leaf) == (True, "ok")
     # Truncated (a half-copied file): caught by the size check, warned about, removed, rebuilt.
     replace_file(library, good[: len(good) // 2])
     engine.clear_memo()
@@ -357,6 +452,48 @@ def test_corrupt_library_is_detected_removed_and_rebuilt(jit_env: dict[str, str]
     assert again.status == "rebuilt" and build.build_counter() == builds + 1
     check_module(again.module, 11)
     assert engine.verify_entry(leaf) == (True, "ok")
+
+
+@requires_nvcc
+@pytest.mark.nvcc
+def test_verified_sidecar_skips_the_hash(jit_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first load of a file hashes it and records (inode, size, mtime, ctime); later loads of the
+    same file skip the hash; a read-only cache just hashes again next time."""
+    key = selftest_key(3)
+    leaf = jit.acquire(key).path
+    library = leaf / f"{key.module_name}.so"
+    sidecar = leaf / f"{library.name}.verified"
+    hashed: list[int] = []
+    real_hash = engine._hash_file
+    monkeypatch.setattr(engine, "_hash_file", lambda f: hashed.append(1) or real_hash(f))
+
+    def load_again() -> engine.Acquired:
+        engine.clear_memo()
+        acquired = jit.acquire(key)
+        assert acquired.status == "hit"
+        return acquired
+
+    sidecar.unlink(missing_ok=True)
+    load_again()
+    assert len(hashed) == 1 and sidecar.is_file()
+    recorded = json.loads(sidecar.read_text())
+    st = library.stat()
+    manifest = json.loads((leaf / "variant.json").read_text())
+    assert recorded == {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                        "ctime_ns": st.st_ctime_ns, "sha256": manifest["library"]["sha256"]}
+    load_again()
+    load_again()
+    assert len(hashed) == 1, "a load of a verified, unchanged file must not hash it again"
+    # Another file at the same path (a new inode, e.g. a copied cache): hashed once more.
+    replace_file(library, library.read_bytes())
+    load_again()
+    assert len(hashed) == 2
+    # A read-only cache: the sidecar cannot be written; the load still succeeds (and hashes).
+    sidecar.unlink()
+    monkeypatch.setattr(engine, "write_atomic", lambda path, text: False)
+    load_again()
+    load_again()
+    assert len(hashed) == 4 and not sidecar.exists()
 
 
 @requires_nvcc
@@ -375,6 +512,133 @@ def test_offline_mode(jit_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) 
     assert ("flashcompress prewarm --import flashcompress.jit.selftest --arch cuda:9.0a "
             "'selftest:block=128,value=999'") in message
     assert build.build_counter() == builds
+
+
+NO_TOOLCHAIN_LOAD = textwrap.dedent("""
+    import json, subprocess, sys
+    import torch
+    from flashcompress.jit import VariantKey, engine, build
+    spawned = []
+    real = subprocess.Popen.__init__
+    def spy(self, *a, **k):
+        spawned.append(a[0] if a else k.get("args"))
+        return real(self, *a, **k)
+    subprocess.Popen.__init__ = spy
+    out = {}
+    for family, params in json.loads(sys.argv[1]):
+        a = engine.acquire(VariantKey.make(family, **params))
+        out[family] = [a.status, str(a.path)]
+        if family == "selftest":
+            x = torch.arange(8, dtype=torch.float32); y = torch.empty_like(x); a.module.add_value_cpu(x, y)
+            assert torch.equal(y, x + params["value"])
+    print(json.dumps({"loaded": out, "builds": build.build_counter(), "children": spawned}))
+""")
+
+
+@requires_nvcc
+@pytest.mark.nvcc
+def test_prewarmed_cache_loads_without_the_toolchain(jit_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runtime image without the CUDA toolkit (or without a host compiler) loads a prewarmed cache,
+    offline or not; a miss there raises ToolchainMissing naming the compiler and both remedies."""
+    wanted = [["selftest", {"value": 3, "block": 128}], ["plan", {"ratio": 4, "online": False}]]
+    paths = {family: str(jit.acquire(jit.VariantKey.make(family, **params)).path) for family, params in wanted}
+    for extra in ({"CUDA_HOME": "/nonexistent", "FLASHCOMPRESS_OFFLINE": "1"},
+                  {"CUDA_HOME": "/nonexistent"},
+                  {"CXX": "/nonexistent/c++"}):
+        proc = subprocess.run([sys.executable, "-c", NO_TOOLCHAIN_LOAD, json.dumps(wanted)],
+                              env=dict(jit_env, **extra), capture_output=True, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, (extra, proc.stderr)
+        result = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert result == {"loaded": {f: ["hit", p] for f, p in paths.items()}, "builds": 0, "children": []}, extra
+
+    # A miss without nvcc (in this process: nothing is loaded).
+    monkeypatch.setenv("CUDA_HOME", "/nonexistent")
+    reset_engine()
+    builds = build.build_counter()
+    with pytest.raises(jit.ToolchainMissing) as info:
+        jit.get_module("selftest", value=998, block=128)
+    err = info.value
+    message = str(err)
+    assert isinstance(err, jit.JitError) and isinstance(err, jit.OfflineCacheMiss)
+    assert err.compilers == ["nvcc"]
+    assert "selftest(block=128, value=998) @ cuda:9.0a" in message
+    assert "no compiler was found" in message and "/nonexistent/bin/nvcc" in message
+    assert ("flashcompress prewarm --import flashcompress.jit.selftest --arch cuda:9.0a "
+            "'selftest:block=128,value=998'") in message
+    assert "FLASHCOMPRESS_BACKEND=torch" in message
+    assert build.build_counter() == builds
+    # Same without a host compiler; offline is mentioned when set.
+    monkeypatch.setenv("CUDA_HOME", jit_env["CUDA_HOME"])
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    monkeypatch.setenv("FLASHCOMPRESS_OFFLINE", "1")
+    reset_engine()
+    with pytest.raises(jit.ToolchainMissing, match=r"(?s)`/nonexistent/c\+\+` missing; FLASHCOMPRESS_OFFLINE=1.*"
+                                                   r"prewarm.*FLASHCOMPRESS_BACKEND=torch") as info:
+        jit.get_module("selftest", value=998, block=128)
+    assert info.value.compilers == ["/nonexistent/c++"]
+    # `prewarm --dry-run` and `cache list` work without a compiler too.
+    leaf, present = engine.lookup(selftest_key(3))
+    assert present and str(leaf) == paths["selftest"]
+    assert engine.lookup(selftest_key(998)) == (engine.resolve(selftest_key(998)).module_dir, False)
+
+
+@requires_nvcc
+@pytest.mark.nvcc
+def test_other_compilers_rebuild_unless_offline(private_env: dict[str, str], shared_cache: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compilers that differ from the builder's: a normal run rebuilds (new key); an offline run loads
+    the entry built from the same inputs through the current-* pointer, after checking its manifest."""
+    key = selftest_key(3)
+    jit_root = Path(private_env["FLASHCOMPRESS_CACHE_DIR"])
+    # Seed this private cache with the session's entry (and its pointer) instead of building it again.
+    monkeypatch.setenv("FLASHCOMPRESS_CACHE_DIR", str(shared_cache))
+    reset_engine()
+    shared_res = engine.resolve(key)
+    jit.acquire(key)
+    monkeypatch.setenv("FLASHCOMPRESS_CACHE_DIR", str(jit_root))
+    reset_engine()
+    res = engine.resolve(key)
+    shutil.copytree(shared_res.module_dir, res.module_dir)
+    assert (res.pointer).read_text().strip() == res.layout.key
+    original = res.layout
+
+    real = engine.get_toolchain
+
+    def other_compiler(backend, root):  # noqa: ANN001, ANN202
+        return dataclasses.replace(real(backend, root), device_version="nvcc: release 99.9")
+
+    monkeypatch.setattr(engine, "get_toolchain", other_compiler)
+    monkeypatch.setenv("FLASHCOMPRESS_OFFLINE", "1")
+    settings.reload_settings()
+    other = engine.resolve(key)
+    assert other.layout.key != original.key and other.input_digest == res.input_digest
+    offline = jit.acquire(key)
+    assert offline.status == "hit" and offline.path == original.leaf
+    check_module(offline.module, 3)
+    # A pointer to an entry whose manifest belongs to other inputs is not trusted.
+    manifest_path = original.manifest
+    manifest = json.loads(manifest_path.read_text())
+    tampered = dict(manifest, key_inputs=dict(manifest["key_inputs"], flags={"device": ["-DTAMPERED"]}))
+    manifest_path.write_text(json.dumps(tampered))
+    engine.clear_memo()
+    with pytest.warns(errors.CacheCorruptionWarning, match="other sources, flags or target"):
+        with pytest.raises(jit.OfflineCacheMiss):
+            jit.acquire(key)
+    shutil.rmtree(res.module_dir)
+    shutil.copytree(shared_res.module_dir, res.module_dir)
+    # Not offline: build with "these" compilers, as before; the pointer now names the new entry.
+    monkeypatch.setenv("FLASHCOMPRESS_OFFLINE", "0")
+    settings.reload_settings()
+    engine.clear_memo()
+    rebuilt = jit.acquire(key)
+    assert rebuilt.status == "built" and rebuilt.path == other.layout.leaf != original.leaf
+    assert res.pointer.read_text().strip() == other.layout.key
+    # Back to the real compilers: their entry is a hit, and the pointer follows it again.
+    monkeypatch.setattr(engine, "get_toolchain", real)
+    reset_engine()
+    again = jit.acquire(key)
+    assert again.status == "hit" and again.path == original.leaf
+    assert res.pointer.read_text().strip() == original.key
 
 
 @requires_nvcc

@@ -7,6 +7,8 @@
 
 A SPEC is ``family[:name=value,...]``, e.g. ``plan:ratio=128,online=true``; params
 left out expand over the family's declared space (``plan`` = every plan variant).
+``prewarm`` shows a progress bar on a terminal (one updating line) and one line per
+finished variant otherwise, then a summary table.
 This module only parses arguments and formats output; the work is done by
 ``flashcompress.jit.prewarm`` and ``flashcompress.jit.maintenance``.
 """
@@ -14,10 +16,11 @@ This module only parses arguments and formats output; the work is done by
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import threading
 import time
-from typing import Sequence, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 __all__ = ["main"]
 
@@ -52,9 +55,94 @@ def _table(rows: Sequence[Sequence[str]], header: Sequence[str], out: TextIO) ->
 # --------------------------------------------------------------------------- prewarm
 
 
+class Progress:
+    """Prewarm progress.
+
+    On a terminal: one line, redrawn in place (and every ``tick`` seconds, so the clock
+    moves during long builds) with a bar, done/total, elapsed seconds and the variants in
+    flight.  Otherwise (a log file, CI): one plain line per finished variant.
+    """
+
+    BAR = 24
+
+    def __init__(self, total: int, out: TextIO, *, tty: bool | None = None, tick: float = 0.5,
+                 clock: Callable[[], float] = time.perf_counter, columns: int | None = None) -> None:
+        self.total = total
+        self.out = out
+        self.tty = _isatty(out) if tty is None else tty
+        self.clock = clock
+        self.started_at = clock()
+        self.done = 0
+        self.active: dict[Any, None] = {}  # keys in flight, in start order
+        self.columns = columns
+        self._lock = threading.Lock()
+        self._width = len(str(total))
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        if self.tty and tick > 0:
+            self._ticker = threading.Thread(target=self._tick, args=(tick,), daemon=True, name="fc-progress")
+            self._ticker.start()
+
+    def _tick(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            with self._lock:
+                self._draw()
+
+    def line(self) -> str:
+        """The status line (without terminal control characters)."""
+        filled = self.BAR * self.done // self.total if self.total else self.BAR
+        text = (f"[{'#' * filled}{'.' * (self.BAR - filled)}] {self.done:>{self._width}}/{self.total} "
+                f"{self.clock() - self.started_at:5.1f}s")
+        if self.active:
+            text += "  " + ", ".join(key.describe() for key in self.active)
+        columns = self.columns or shutil.get_terminal_size((100, 24)).columns
+        return text if len(text) < columns else text[: max(columns - 2, 10)] + "…"
+
+    def _draw(self) -> None:
+        self.out.write("\r\x1b[K" + self.line())
+        self.out.flush()
+
+    def started(self, key: Any) -> None:
+        """Work on ``key`` began (called from a worker thread)."""
+        with self._lock:
+            self.active[key] = None
+            if self.tty:
+                self._draw()
+
+    def finished(self, done: int, total: int, result: Any) -> None:
+        """``result`` is final (called from a worker thread)."""
+        with self._lock:
+            self.active.pop(result.key, None)
+            self.done = done
+            if self.tty:
+                self._draw()
+            else:
+                print(f"[{done:>{self._width}}/{total}] {result.status:<7} {result.seconds:6.2f}s  "
+                      f"{result.key.describe()}", file=self.out, flush=True)
+
+    def close(self) -> None:
+        """Stop redrawing; on a terminal, leave the final state of the line."""
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        with self._lock:
+            if self.tty:
+                self.active.clear()
+                self._draw()
+                self.out.write("\n")
+                self.out.flush()
+
+
+def _isatty(out: TextIO) -> bool:
+    try:
+        return bool(out.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
 def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
     from .jit import errors
-    from .jit.cache import default_jobs
+    from .jit.cache import jobs_for
     from .jit.prewarm import run_prewarm, variant_set, warm_launch
     from .jit.settings import get_settings
 
@@ -86,18 +174,17 @@ def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{len(keys)} variant(s); nothing compiled (dry run)", file=out)
         return 0
 
-    jobs = args.jobs if args.jobs else default_jobs(get_settings())
+    jobs, note = jobs_for(args.jobs, get_settings())
+    if note:
+        print(f"note: {note}", file=out)
     print(f"prewarming {len(keys)} variant(s) with {jobs} job(s) into {get_settings().cache_dir}", file=out)
-    width = len(str(len(keys)))
-    print_lock = threading.Lock()
-
-    def progress(done: int, total: int, result) -> None:  # noqa: ANN001
-        with print_lock:
-            print(f"[{done:>{width}}/{total}] {result.status:<7} {result.seconds:6.2f}s  {result.key.describe()}",
-                  file=out, flush=True)
-
+    progress = Progress(len(keys), out)
     started = time.perf_counter()
-    results = run_prewarm(keys, jobs=jobs, force=args.force, progress=progress)
+    try:
+        results = run_prewarm(keys, jobs=jobs, force=args.force, progress=progress.finished,
+                              started=progress.started)
+    finally:
+        progress.close()
     wall = time.perf_counter() - started
     if not args.no_warmup:
         launched = warm_launch(results)
@@ -171,14 +258,19 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
         from .jit.cache import remove_tree
 
         results = verify(root)
-        bad = 0
+        rows = []
+        bad_paths = []
         for item, ok, message in results:
-            print(f"{'ok ' if ok else 'BAD'}  {item.variant}  {message}  {item.entry.path}", file=out)
+            status = "ok" if ok else f"BAD: {message}"
             if not ok:
-                bad += 1
+                bad_paths.append(item.entry.path)
                 if args.delete_bad:
                     remove_tree(item.entry.path)
-                    print(f"     removed {item.entry.path}", file=out)
+                    status += " (removed)"
+            rows.append([item.variant, status, str(item.entry.path)])
+        if rows:
+            _table(rows, ["variant", "status", "path"], out)
+        bad = len(bad_paths)
         print(f"{len(results)} entries verified, {bad} bad", file=out)
         return 1 if bad else 0
     if args.action == "clean":
@@ -247,7 +339,8 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--arch", action="append", metavar="ARCH",
                      help="target, e.g. 9.0a or gfx942 (repeatable); default: the GPU, else the configured defaults")
     pre.add_argument("-j", "--jobs", type=int, default=0,
-                     help="parallel compiler processes (default: setting `jobs`, capped by cores and memory)")
+                     help="parallel compiler processes (default: setting `jobs`, capped by cores and memory); "
+                          "an explicit N is still capped by available memory (~2 GiB per process), with a note")
     pre.add_argument("--list", action="store_true", help="print the variant set and exit")
     pre.add_argument("--dry-run", action="store_true", help="print the set with cache status; compile nothing")
     pre.add_argument("--force", action="store_true", help="rebuild even if cached")

@@ -8,8 +8,8 @@ Public API::
     get_module(family, **params)               load(VariantKey.make(family, **params)), memoised
     jit_enabled_for(device), debug_checks_enabled()   hot-path switches for the API layer
     get_settings(), reload_settings()          effective settings (README: Settings)
-    JitError, BuildError, OfflineCacheMiss, CacheNotWritable, CaptureBuildError, LockTimeout,
-    UnknownFamily, CacheCorruptionWarning      what can go wrong
+    JitError, BuildError, OfflineCacheMiss, ToolchainMissing, CacheNotWritable, CaptureBuildError,
+    LockTimeout, UnknownFamily, CacheCorruptionWarning      what can go wrong
 
 Importing this package is cheap: no torch, tvm-ffi, Jinja2 or filelock import, no
 CUDA initialisation and no compilation.  ``load``/``get_module``/``acquire`` and
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import (BuildError, CacheCorruptionWarning, CacheNotWritable, CaptureBuildError, JitError, LockTimeout,
-                     OfflineCacheMiss, UnknownFamily)
+                     OfflineCacheMiss, ToolchainMissing, UnknownFamily)
 from .family import Family, get_family, register_family
 from .models import MODELS, ModelConfig, model_config
 from .settings import debug_checks_enabled, get_settings, jit_enabled_for, reload_settings
@@ -42,6 +42,7 @@ __all__ = [
     "MODELS",
     "ModelConfig",
     "OfflineCacheMiss",
+    "ToolchainMissing",
     "UnknownFamily",
     "VariantKey",
     "acquire",

@@ -4,19 +4,36 @@
 memoised front doors (``flashcompress.jit`` re-exports them)::
 
     memo hit                   dict lookup, nothing else
-    cache hit (no lock)        digests + manifest + size check of the .so + dlopen + export check
-    miss                       offline? -> capturing? -> writable? -> per-variant file lock
+    cache hit (no lock)        digests + manifest + size (+ sha256 unless the .verified sidecar
+                               vouches for this exact file) + dlopen + export check
+    miss                       offline or no compiler? -> error naming the prewarm command
+                               -> capturing? -> writable? -> per-variant file lock
                                -> look again (another process may have built it)
                                -> render into .staging-*, compile, link, dlopen, check exports
-                               -> write variant.json -> os.rename(staging, leaf) -> size cap
+                               -> write variant.json + sidecar -> os.rename(staging, leaf)
+                               -> write the current-<input digest> pointer -> size cap
 
-A corrupt entry (manifest mismatch, dlopen failure, missing export) is warned
-about (``CacheCorruptionWarning``), removed under the lock and rebuilt.  A killed
-build leaves only a ``.staging-*`` directory, which no reader ever looks at.
+Keys: the content key hashes the compiler versions, so it can only be computed
+where the compilers can be probed.  Where they cannot (a runtime image without
+the CUDA toolkit), ``resolve`` finds the entry through the ``current-<input
+digest>`` pointer written at publish time (the input digest covers everything but
+the compilers) and the entry's manifest is checked against those inputs before
+loading.  An offline process whose compilers differ from the builder's does the
+same after a miss; a normal process rebuilds instead.  A miss that cannot be
+built raises ``ToolchainMissing`` (no compiler) or ``OfflineCacheMiss``.
+
+A corrupt entry (manifest mismatch, size or sha256 mismatch, dlopen failure,
+missing export) is warned about (``CacheCorruptionWarning``), removed under the
+lock and rebuilt.  The sha256 of a library is checked on its first load and the
+verified ``(inode, size, mtime, ctime)`` recorded in ``<module>.so.verified``
+(written at publish time too), so later loads of the same file skip the hash.
+A killed build leaves only a ``.staging-*`` directory, which no reader ever looks at.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -29,13 +46,14 @@ from pathlib import Path
 from typing import Any
 
 from . import flags as _flags
-from .cache import Layout, compute_key, ensure_root, file_sha256, package_version, read_manifest, remove_tree, touch
+from .cache import (Layout, content_key, ensure_root, file_identity, file_sha256, input_digest, key_inputs,
+                    package_version, pointer_path, read_manifest, read_pointer, remove_tree, touch, write_atomic)
 from .errors import (BuildError, CacheCorruptionWarning, CacheNotWritable, CaptureBuildError, LockTimeout,
-                     OfflineCacheMiss)
-from .family import Family, get_family, on_reregister, provider_module, FAMILY_PACKAGES
-from .render import kernel_include_dir, render_sources, template_digest, tree_digest
+                     OfflineCacheMiss, ToolchainMissing)
+from .family import FAMILY_PACKAGES, Family, get_family, on_reregister, provider_module
+from .render import header_closure, headers_digest, kernel_include_dir, render_sources, template_digest
 from .settings import Settings, get_settings, on_reload
-from .toolchain import Toolchain, get_toolchain, tvm_ffi_info
+from .toolchain import Toolchain, ToolchainUnavailable, get_toolchain, tvm_ffi_info
 from .variant import VariantKey, target_arch
 
 __all__ = ["Acquired", "Resolved", "acquire", "clear_memo", "get_module", "load", "loaded", "lookup",
@@ -100,32 +118,63 @@ def load(key: VariantKey) -> Any:
 
 @dataclass(frozen=True)
 class Resolved:
-    """Everything needed to decide hit or miss for one variant, computed without compiling."""
+    """Everything needed to decide hit or miss for one variant, computed without compiling.
+
+    ``toolchain`` is None when a compiler cannot be probed (``toolchain_error`` says which);
+    then ``inputs`` lack the compiler versions and ``layout`` is the entry the
+    ``current-<input digest>`` pointer names, or None when there is none.
+    """
 
     key: VariantKey
     family: Family
     settings: Settings
-    toolchain: Toolchain
+    toolchain: Toolchain | None
     tvm_version: str
     flags: dict[str, list[str]]
     inputs: dict[str, Any]
-    layout: Layout
+    input_digest: str
+    module_dir: Path
+    layout: Layout | None
+    toolchain_error: ToolchainUnavailable | None = None
+
+    @property
+    def pointer(self) -> Path:
+        """``<module_dir>/current-<input digest>``."""
+        return pointer_path(self.module_dir, self.input_digest)
+
+    def pointed_layout(self) -> Layout | None:
+        """The entry the pointer names (None when there is no readable pointer)."""
+        pointed = read_pointer(self.pointer)
+        return Layout.of(self.settings.cache_dir, self.key, pointed) if pointed else None
+
+
+def _header_inputs(family: Family, flags: dict[str, list[str]]) -> tuple[str, tuple[str, ...]]:
+    all_flags = tuple(flags["device"]) + tuple(flags["host"])
+    return headers_digest(family.sources, all_flags), all_flags
 
 
 def resolve(key: VariantKey) -> Resolved:
-    """Compute the content key and the cache paths of ``key``."""
+    """Compute the content key and the cache paths of ``key`` (no compiler is run; their
+    ``--version`` outputs come from the on-disk memo)."""
     family = get_family(key.family)
     family.check_params(dict(key.params))
     settings = get_settings()
-    toolchain = get_toolchain(key.backend, settings.cache_dir)
     import tvm_ffi
 
     tvm_version = str(tvm_ffi.__version__)
     flags = _flags.logical_flags(family, key)
-    content_key, inputs = compute_key(key, family, toolchain, tvm_version, flags,
-                                      template_digest(family.sources), tree_digest())
-    return Resolved(key, family, settings, toolchain, tvm_version, flags, inputs,
-                    Layout.of(settings.cache_dir, key, content_key))
+    inputs = key_inputs(key, family, tvm_version, flags, template_digest(family.sources),
+                        _header_inputs(family, flags)[0])
+    digest = input_digest(inputs)
+    module_dir = Layout.module_dir_of(settings.cache_dir, key)
+    try:
+        toolchain = get_toolchain(key.backend, settings.cache_dir)
+    except ToolchainUnavailable as exc:
+        res = Resolved(key, family, settings, None, tvm_version, flags, inputs, digest, module_dir, None, exc)
+        return dataclasses.replace(res, layout=res.pointed_layout())
+    content, full_inputs = content_key(inputs, toolchain.fingerprint())
+    return Resolved(key, family, settings, toolchain, tvm_version, flags, full_inputs, digest, module_dir,
+                    Layout.of(settings.cache_dir, key, content))
 
 
 @dataclass(frozen=True)
@@ -184,43 +233,173 @@ def acquire(key: VariantKey, *, force: bool | None = None) -> Acquired:
         if force is None:
             force = res.settings.force_rebuild and key not in _FORCED
         status = "hit"
-        problem = None
+        layout = res.layout
+        corrupt: list[tuple[Layout, str]] = []
         if not force:
             module, problem = _try_load(res)
+            if problem is not None:
+                corrupt.append((layout, problem))  # type: ignore[arg-type]
+            if module is None and res.toolchain is not None and res.settings.offline:
+                # Offline and not built by these compilers: an entry built from the same inputs by
+                # other compilers (the build machine's) is the best there is, and compiling is forbidden.
+                other = res.pointed_layout()
+                if other is not None and layout is not None and other.key != layout.key:
+                    module, problem = _try_load(res, other)
+                    if module is not None:
+                        log.info("offline: %s built by other compilers (key %s, these compilers: %s)",
+                                 key.describe(), other.key, layout.key)
+                        layout = other
+                    elif problem is not None:
+                        corrupt.append((other, problem))
             if module is not None:
-                log.info("hit %s at %s", key.describe(), res.layout.leaf)
-                touch(res.layout.leaf)
+                assert layout is not None
+                log.info("hit %s at %s", key.describe(), layout.leaf)
+                touch(layout.leaf)
+                if res.toolchain is not None and layout == res.layout:
+                    _ensure_pointer(res, layout)
         if module is None:
-            module, status = _build_locked(res, force=bool(force), known_problem=problem)
+            if res.toolchain is None or res.settings.offline:
+                module, layout = _recover_without_build(res, corrupt)
+            else:
+                module, status = _build_locked(res, force=bool(force), known_problem=corrupt[0][1] if corrupt else None)
+                layout = res.layout
             if force:
                 _FORCED.add(key)
-        _PATHS[key] = res.layout.leaf
+        assert layout is not None
+        _PATHS[key] = layout.leaf
         _MEMO[key] = module
-        return Acquired(key, module, status, time.perf_counter() - start, res.layout.leaf)
+        return Acquired(key, module, status, time.perf_counter() - start, layout.leaf)
 
 
-def _try_load(res: Resolved, *, verify_sha: bool = False) -> tuple[Any | None, str | None]:
-    """Load the published entry. Returns ``(module, None)``, ``(None, None)`` on a miss,
-    or ``(None, problem)`` when the entry exists but is unusable.
+def _ensure_pointer(res: Resolved, layout: Layout) -> None:
+    """Make ``current-<input digest>`` name ``layout`` (best effort; a read-only cache keeps its pointer)."""
+    if read_pointer(res.pointer) != layout.key:
+        write_atomic(res.pointer, layout.key + "\n")
 
-    The hit path checks the manifest, the library's size (a truncated copy), dlopen and the
-    exports; hashing the whole library (``verify_sha``, done by ``cache verify``) would cost
-    milliseconds per first load for a 2 MB module."""
-    layout = res.layout
-    if not layout.leaf.is_dir():
+
+def _cannot_build_error(res: Resolved, problem: str | None) -> OfflineCacheMiss:
+    key = res.key
+    if res.toolchain is None:
+        error = res.toolchain_error
+        return ToolchainMissing(key.describe(), res.module_dir, prewarm_command(key),
+                                error.missing if error is not None else [], key.backend,
+                                offline=res.settings.offline, problem=problem)
+    assert res.layout is not None
+    return OfflineCacheMiss(key.describe(), res.layout.leaf, prewarm_command(key))
+
+
+def _recover_without_build(res: Resolved, corrupt: list[tuple[Layout, str]]) -> tuple[Any, Layout]:
+    """A miss where nothing may be compiled (offline, or no compiler): warn about and remove corrupt
+    entries (under their build lock, when the cache is writable), then raise the error naming the
+    prewarm command.  Returns a module only if another process repaired an entry meanwhile."""
+    for layout, problem in corrupt:
+        module, removed = _discard_corrupt(res, layout, problem)
+        if module is not None:
+            return module, layout
+        warnings.warn(f"flashcompress: cached JIT variant {res.key.describe()} at {layout.leaf} is corrupt "
+                      f"({problem}); {'removed it' if removed else 'could not remove it (read-only cache?)'}; "
+                      f"it cannot be rebuilt here", CacheCorruptionWarning, stacklevel=4)
+    raise _cannot_build_error(res, corrupt[0][1] if corrupt else None)
+
+
+def _discard_corrupt(res: Resolved, layout: Layout, problem: str) -> tuple[Any | None, bool]:
+    """Remove a corrupt entry under its lock, unless it was repaired meanwhile. ``(module, removed)``."""
+    try:
+        import filelock
+
+        with filelock.FileLock(str(layout.lock), timeout=min(30, res.settings.lock_timeout_s)):
+            module, again = _try_load(res, layout)
+            if module is not None:
+                return module, False
+            if again is None:
+                return None, True  # gone already
+            remove_tree(layout.leaf)
+            return None, not layout.leaf.exists()
+    except Exception:  # noqa: BLE001 - read-only cache, lock timeout: leave it, the error says what to do
+        return None, False
+
+
+def _manifest_problem(manifest: dict[str, Any], layout: Layout, res: Resolved) -> str | None:
+    """Why ``manifest`` does not describe the entry ``res`` wants (None when it does)."""
+    inputs = manifest.get("key_inputs")
+    if not isinstance(inputs, dict) or manifest.get("key") != layout.key:
+        return f"variant.json does not belong to key {layout.key}"
+    if input_digest(inputs) != res.input_digest or manifest.get("input_digest") != res.input_digest:
+        return "variant.json was built from other sources, flags or target than this installation's"
+    if "toolchain" in inputs and content_key({k: v for k, v in inputs.items() if k != "toolchain"},
+                                             inputs["toolchain"])[0] != layout.key:
+        return f"variant.json's inputs do not hash to key {layout.key}"
+    return None
+
+
+def _sidecar_matches(layout: Layout, identity: dict[str, int], sha256: str) -> bool:
+    try:
+        with open(layout.sidecar, encoding="utf-8") as f:
+            recorded = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(recorded, dict) and recorded == dict(identity, sha256=sha256)
+
+
+def _write_sidecar(path: Path, identity: dict[str, int], sha256: str) -> None:
+    """Record that the file with ``identity`` hashed to ``sha256`` (best effort: read-only caches skip it)."""
+    write_atomic(path, json.dumps(dict(identity, sha256=sha256), sort_keys=True))
+
+
+def _check_library(layout: Layout, lib_info: dict[str, Any]) -> str | None:
+    """Size, then sha256 unless the sidecar vouches for this exact file. None when the library is intact."""
+    expected_sha = lib_info.get("sha256")
+    try:
+        with open(layout.library, "rb") as f:
+            st = os.fstat(f.fileno())
+            if st.st_size != lib_info.get("size"):
+                return (f"{layout.library.name} has {st.st_size} bytes, the manifest says {lib_info.get('size')} "
+                        f"(truncated?)")
+            identity = file_identity(st)
+            if isinstance(expected_sha, str) and _sidecar_matches(layout, identity, expected_sha):
+                return None
+            actual_sha = _hash_file(f)
+    except FileNotFoundError:
+        return ""  # evicted meanwhile: a plain miss
+    except OSError as exc:
+        return f"{layout.library.name} cannot be read: {exc}"
+    if actual_sha != expected_sha:
+        return f"{layout.library.name} does not match the sha256 in variant.json (same size: corrupt)"
+    _write_sidecar(layout.sidecar, identity, actual_sha)
+    return None
+
+
+def _hash_file(f: Any) -> str:
+    """Hex sha256 of an open binary file, read from its current position."""
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _try_load(res: Resolved, layout: Layout | None = None) -> tuple[Any | None, str | None]:
+    """Load the published entry ``layout`` (default: ``res.layout``). Returns ``(module, None)``,
+    ``(None, None)`` on a miss, or ``(None, problem)`` when the entry exists but is unusable.
+
+    Checks, in order: the manifest belongs to these inputs; the library's size (a truncated
+    copy); its sha256 unless the ``.verified`` sidecar records this exact file (inode, size,
+    mtime, ctime) as verified; dlopen; the exports.  The hash costs ~1.5 ms per MB once per
+    file; afterwards a load costs a ``stat`` and a small read more than without the check."""
+    layout = res.layout if layout is None else layout
+    if layout is None or not layout.leaf.is_dir():
         return None, None
     manifest = read_manifest(layout.leaf)
     if manifest is None:
         return (None, "variant.json is missing or unreadable") if layout.leaf.is_dir() else (None, None)
+    problem = _manifest_problem(manifest, layout, res)
+    if problem is not None:
+        return None, problem
     lib_info = manifest.get("library", {})
-    try:
-        size = layout.library.stat().st_size
-    except FileNotFoundError:
+    problem = _check_library(layout, lib_info if isinstance(lib_info, dict) else {})
+    if problem == "":
         return (None, f"{layout.library.name} is missing") if layout.leaf.is_dir() else (None, None)
-    if size != lib_info.get("size"):
-        return None, f"{layout.library.name} has {size} bytes, the manifest says {lib_info.get('size')} (truncated?)"
-    if verify_sha and file_sha256(layout.library) != lib_info.get("sha256"):
-        return None, f"{layout.library.name} does not match the sha256 in variant.json"
+    if problem is not None:
+        return None, problem
     import tvm_ffi
 
     try:
@@ -247,6 +426,7 @@ def _is_capturing() -> bool:
 
 def _ensure_writable(res: Resolved) -> None:
     layout = res.layout
+    assert layout is not None
     try:
         ensure_root(layout.root)
         layout.module_dir.mkdir(parents=True, exist_ok=True)
@@ -263,8 +443,8 @@ def _ensure_writable(res: Resolved) -> None:
 
 def _build_locked(res: Resolved, *, force: bool, known_problem: str | None) -> tuple[Any, str]:
     settings, key, layout = res.settings, res.key, res.layout
-    if settings.offline:
-        raise OfflineCacheMiss(key.describe(), layout.leaf, prewarm_command(key))
+    if settings.offline or res.toolchain is None or layout is None:
+        raise _cannot_build_error(res, known_problem)
     if _is_capturing():
         raise CaptureBuildError(key.describe(), prewarm_command(key))
     _ensure_writable(res)
@@ -297,7 +477,8 @@ def _build_locked(res: Resolved, *, force: bool, known_problem: str | None) -> t
 def _build_and_publish(res: Resolved, *, replace_existing: bool) -> Any:
     from . import build as _build  # the build machinery is imported only when something is built
 
-    key, family, layout, settings = res.key, res.family, res.layout, res.settings
+    key, family, layout, settings, toolchain = res.key, res.family, res.layout, res.settings, res.toolchain
+    assert layout is not None and toolchain is not None
     log.info("building %s into %s", key.describe(), layout.leaf)
     started = time.perf_counter()
     sources = render_sources(key, family)
@@ -306,7 +487,7 @@ def _build_and_publish(res: Resolved, *, replace_existing: bool) -> Any:
     try:
         for name, text in sources.items():
             (staging / name).write_text(text, encoding="utf-8")
-        stages = _build.plan_steps(key, family, res.toolchain, tvm_ffi_info(), list(sources), kernel_include_dir(),
+        stages = _build.plan_steps(key, family, toolchain, tvm_ffi_info(), list(sources), kernel_include_dir(),
                                    layout.library.name, layout.leaf)
         log_path = staging / "build.log"
         log_path.write_text(f"# {key.describe()}  key {layout.key}\n# started {_now()}\n\n", encoding="utf-8")
@@ -338,6 +519,8 @@ def _build_and_publish(res: Resolved, *, replace_existing: bool) -> Any:
                              f"(declared in Family.exports; use TVM_FFI_DLL_EXPORT_TYPED_FUNC)"],
                              layout.failed_dir / "build.log")
         seconds = time.perf_counter() - started
+        closure, why_whole_tree = header_closure(family.sources, _header_inputs(family, res.flags)[1])
+        library_sha = file_sha256(library)
         manifest = {
             "family": key.family,
             "params": dict(key.params),
@@ -347,8 +530,10 @@ def _build_and_publish(res: Resolved, *, replace_existing: bool) -> Any:
             "key": layout.key,
             "package_version": package_version(),
             "exports": list(family.exports),
-            "library": {"name": library.name, "size": library.stat().st_size, "sha256": file_sha256(library)},
+            "library": {"name": library.name, "size": library.stat().st_size, "sha256": library_sha},
             "key_inputs": res.inputs,
+            "input_digest": res.input_digest,
+            "headers": list(closure) if closure is not None else f"every file under jit_kernel/ ({why_whole_tree})",
             "build": {"seconds": round(seconds, 3), "steps": [[label, round(t, 3)] for label, t in timings],
                       "finished": _now(), "host": os.uname().nodename, "pid": os.getpid()},
         }
@@ -357,6 +542,8 @@ def _build_and_publish(res: Resolved, *, replace_existing: bool) -> Any:
         tmp = staging / ".variant.json.tmp"
         tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True), encoding="utf-8")
         os.replace(tmp, staging / "variant.json")
+        # The hash was just computed: later first loads of this exact file skip it.
+        _write_sidecar(staging / layout.sidecar.name, file_identity(library.stat()), library_sha)
         _append(log_path, f"# finished {_now()} in {seconds:.2f} s\n")
         if replace_existing and layout.leaf.exists():
             remove_tree(layout.leaf)
@@ -369,6 +556,7 @@ def _build_and_publish(res: Resolved, *, replace_existing: bool) -> Any:
             # Another builder published the same key first (locks are only best effort, e.g. on NFS):
             # keep theirs; our module is already loaded and identical in content.
             log.info("entry %s appeared during the build; keeping the existing one", layout.leaf)
+        _ensure_pointer(res, layout)  # toolchain-less and offline lookups find the entry through it
         if layout.failed_dir.exists():
             remove_tree(layout.failed_dir)
         log.info("built %s in %.2f s", key.describe(), seconds)
@@ -402,22 +590,36 @@ def _now() -> str:
 
 
 def lookup(key: VariantKey) -> tuple[Path, bool]:
-    """The entry directory of ``key`` and whether a published entry exists there (no loading)."""
+    """The entry directory of ``key`` and whether a published entry exists there (no loading).
+
+    Without a compiler (or offline, after a miss) this is the entry the ``current-*`` pointer
+    names; without one either, the variant's module directory and False."""
     res = resolve(key)
-    return res.layout.leaf, res.layout.manifest.is_file() and res.layout.library.is_file()
+    layouts = [res.layout]
+    if res.toolchain is not None and res.settings.offline:
+        layouts.append(res.pointed_layout())
+    for layout in layouts:
+        if layout is not None and layout.manifest.is_file() and layout.library.is_file():
+            return layout.leaf, True
+    return (res.layout.leaf if res.layout is not None else res.module_dir), False
 
 
 def verify_entry(leaf: Path) -> tuple[bool, str]:
-    """Check a published entry: manifest, size, sha256, dlopen and exports. ``(ok, message)``."""
+    """Check a published entry: manifest, size, sha256, dlopen and exports. ``(ok, message)``.
+
+    Always hashes the library; a verified file's identity is recorded in its ``.verified``
+    sidecar (best effort), so the engine's next first load skips the hash."""
     manifest = read_manifest(leaf)
     if manifest is None:
         return False, "variant.json missing or unreadable"
     lib = leaf / manifest.get("library", {}).get("name", "")
     if not lib.is_file():
         return False, f"{lib.name} missing"
-    if lib.stat().st_size != manifest["library"].get("size"):
-        return False, f"{lib.name}: size {lib.stat().st_size} != manifest {manifest['library'].get('size')}"
-    if file_sha256(lib) != manifest["library"].get("sha256"):
+    st = lib.stat()
+    if st.st_size != manifest["library"].get("size"):
+        return False, f"{lib.name}: size {st.st_size} != manifest {manifest['library'].get('size')}"
+    sha = file_sha256(lib)
+    if sha != manifest["library"].get("sha256"):
         return False, f"{lib.name}: sha256 mismatch"
     import tvm_ffi
 
@@ -428,5 +630,5 @@ def verify_entry(leaf: Path) -> tuple[bool, str]:
     missing = [name for name in manifest.get("exports", []) if not module.implements_function(name)]
     if missing:
         return False, f"missing exports {missing}"
+    _write_sidecar(lib.with_name(lib.name + ".verified"), file_identity(st), sha)
     return True, "ok"
-

@@ -18,6 +18,7 @@ __all__ = [
     "JitError",
     "LockTimeout",
     "OfflineCacheMiss",
+    "ToolchainMissing",
     "UnknownFamily",
 ]
 
@@ -42,7 +43,39 @@ class OfflineCacheMiss(JitError):
         self.command = command
         super().__init__(
             f"JIT variant {variant} is not in the cache (expected at {leaf}) and FLASHCOMPRESS_OFFLINE=1 "
-            f"forbids compiling at runtime. Build it ahead of time with:\n    {command}"
+            f"forbids compiling at runtime. Build it ahead of time with:\n    {command}\n"
+            f"or use the PyTorch backend instead of JIT kernels: FLASHCOMPRESS_BACKEND=torch"
+        )
+
+
+class ToolchainMissing(OfflineCacheMiss):
+    """The variant is not in the cache and this machine has no compiler to build it.
+
+    A subclass of ``OfflineCacheMiss``: for the caller it is the same situation (a miss
+    this process cannot compile), so ``except OfflineCacheMiss`` handles both.
+    ``compilers`` names what is missing (``["nvcc"]``, ``["c++"]``, ...).
+    """
+
+    def __init__(self, variant: str, where: Path, command: str, missing: Sequence[tuple[str, str]],
+                 backend: str, *, offline: bool = False, problem: str | None = None) -> None:
+        self.variant = variant
+        self.leaf = where
+        self.command = command
+        self.missing = list(missing)
+        self.compilers = [name for name, _ in self.missing]
+        self.problem = problem
+        kit = "the CUDA toolkit" if backend == "cuda" else "ROCm"
+        what = " and ".join(f"`{name}`" for name in self.compilers) or "a compiler"
+        details = "\n".join(f"    {name}: {why}" for name, why in self.missing)
+        found = (f"the cached entry is unusable ({problem})" if problem
+                 else f"no entry for it under {where}")
+        JitError.__init__(
+            self,
+            f"JIT variant {variant} is not in the cache ({found}) and cannot be compiled here: no compiler was "
+            f"found ({what} missing{'; FLASHCOMPRESS_OFFLINE=1 is set as well' if offline else ''}):\n{details}\n"
+            f"Either prewarm the cache on a machine with {kit} and a C++ compiler (same cache_dir, then ship "
+            f"or mount it here):\n    {command}\n"
+            f"or use the PyTorch backend instead of JIT kernels: FLASHCOMPRESS_BACKEND=torch"
         )
 
 
@@ -108,4 +141,5 @@ class BuildError(JitError):
 
 
 class CacheCorruptionWarning(RuntimeWarning):
-    """A cached library failed to load or did not match its manifest; it is removed and rebuilt."""
+    """A cached library failed to load or did not match its manifest (size, sha256, exports);
+    it is removed and rebuilt (or, where nothing can be built, removed and reported)."""

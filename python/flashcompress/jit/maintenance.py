@@ -6,14 +6,16 @@ Classification of what ``scan`` (below) finds under the cache root:
   stale          an entry of this package version that is no longer current (a header,
                  template, flag or compiler changed), or whose params the family now rejects
   other-version  an entry built by another flashcompress version
-  unknown        an entry of this version whose family is not registered / toolchain missing
+  unknown        an entry of this version whose family is not registered, or (no compiler to
+                 compute the full key) that the variant's current-* pointer does not name
   failed         the kept sources and log of a failed build
   staging        a build in progress, or debris of a killed one (older than an hour)
   trash          a removal interrupted half-way
 
 ``clean --stale`` removes stale, other-version, failed, trash and old staging
-directories (never current or unknown entries); ``clean`` removes everything
-below a root that carries flashcompress's ``CACHEDIR.TAG``.
+directories (never current or unknown entries) and ``current-*`` pointers whose
+entry is gone; ``clean`` removes everything below a root that carries
+flashcompress's ``CACHEDIR.TAG``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from .cache import CACHEDIR_TAG, package_version, read_manifest, remove_tree
+from .cache import CACHEDIR_TAG, POINTER_PREFIX, package_version, read_manifest, read_pointer, remove_tree
 
 __all__ = ["Classified", "Entry", "classify", "clean", "describe_manifest", "enforce_size_cap", "scan", "verify"]
 
@@ -42,12 +44,26 @@ class Classified:
 
 
 def describe_manifest(entry: Entry) -> str:
-    """``family(k=v, ...) @ target`` from an entry's manifest, else its module name."""
+    """``family(k=v, ...) @ target`` from an entry's manifest, else its module name.
+
+    Parameters come in the family's declared order, as ``prewarm`` prints them
+    (``plan(ratio=4, online=False)``), when the family can be found; else sorted by name.
+    """
     manifest = entry.manifest
     if not manifest:
         return entry.module_name
-    params = ", ".join(f"{k}={v!r}" for k, v in sorted(manifest.get("params", {}).items()))
-    return f"{manifest.get('family', '?')}({params}) @ {manifest.get('target', '?')}"
+    from .errors import UnknownFamily
+    from .family import get_family
+    from .variant import VariantKey
+
+    name = str(manifest.get("family", "?"))
+    params = manifest.get("params", {})
+    params = params if isinstance(params, dict) else {}
+    try:
+        get_family(name)  # registers it (imports its module), so describe() knows the declared order
+    except (UnknownFamily, ValueError, ImportError):
+        pass
+    return VariantKey(name, tuple(sorted(params.items())), str(manifest.get("target", "?"))).describe()
 
 
 def _current_key(manifest: dict) -> str | None:
@@ -58,11 +74,15 @@ def _current_key(manifest: dict) -> str | None:
 
     try:
         key = VariantKey(manifest["family"], tuple(sorted(manifest["params"].items())), manifest["target"])
-        return resolve(key).layout.key
+        res = resolve(key)
     except (KeyError, UnknownFamily, FileNotFoundError, RuntimeError):
         return None
     except ValueError:
         return ""  # the family rejects these params now: stale
+    if res.toolchain is None:
+        # No compiler, so no full key: the entry the pointer names is current; others are unknown.
+        return res.layout.key if res.layout is not None and res.layout.key == manifest.get("key") else None
+    return res.layout.key if res.layout is not None else None
 
 
 def classify(root: Path, *, check_current: bool = True) -> list[Classified]:
@@ -116,6 +136,7 @@ def clean(root: Path, *, stale_only: bool) -> tuple[list[Path], int]:
         for entry in scan(root, sizes=False):
             if entry.kind == "lock" and (entry.path.parent, entry.key) in stale_keys:
                 entry.path.unlink(missing_ok=True)
+        _prune_pointers(root)  # bookkeeping files, not counted as items
         for version_dir in [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]:
             _prune_empty(version_dir)
         return removed, freed
@@ -130,6 +151,17 @@ def clean(root: Path, *, stale_only: bool) -> tuple[list[Path], int]:
         removed.append(child)
         freed += size
     return removed, freed
+
+
+def _prune_pointers(root: Path) -> list[Path]:
+    """Remove ``current-*`` pointers whose entry no longer exists."""
+    removed = []
+    for pointer in root.glob(f"*/*/*/{POINTER_PREFIX}*"):
+        key = read_pointer(pointer)
+        if key is None or not (pointer.parent / key).is_dir():
+            pointer.unlink(missing_ok=True)
+            removed.append(pointer)
+    return removed
 
 
 def _prune_empty(directory: Path) -> None:

@@ -106,10 +106,12 @@ def run_prewarm(
     jobs: int,
     force: bool = False,
     progress: Callable[[int, int, PrewarmResult], None] | None = None,
+    started: Callable[[VariantKey], None] | None = None,
 ) -> list[PrewarmResult]:
     """Build or load every key with at most ``jobs`` compiler processes; results in input order.
 
-    Failures are captured in the results, never raised.
+    ``started(key)`` is called when work on a key begins and ``progress(done, total, result)``
+    when it ends (both from worker threads).  Failures are captured in the results, never raised.
     """
     from . import build
     from .engine import acquire
@@ -123,6 +125,8 @@ def run_prewarm(
     def one(index: int, key: VariantKey) -> None:
         nonlocal done
         start = time.perf_counter()
+        if started is not None:
+            started(key)
         try:
             acquired = acquire(key, force=force or None)
             result = PrewarmResult(key, "hit" if acquired.status == "memo" else acquired.status,

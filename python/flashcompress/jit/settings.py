@@ -124,13 +124,14 @@ SCHEMA: tuple[Setting, ...] = (
             "`flashcompress prewarm` builds every one of them. Env: space- or comma-separated."),
     Setting("default_hip_archs", "list", "HIP targets for machines without a GPU."),
     Setting("jobs", "int", "Parallel compiler processes. 0: min(CPU cores, available memory / 2 GiB). "
-            "`prewarm -j` overrides it."),
+            "`prewarm -j N` overrides it; N is still capped by available memory (with a note)."),
     Setting("size_cap_mb", "int", "Soft cap on the cache size in MiB, enforced after each build by evicting "
             "other package versions first, then the least recently loaded entries. 0: unlimited."),
     Setting("lock_timeout_s", "int", "Seconds to wait for another process that is building the same "
             "variant before failing with an error naming the lock file."),
     Setting("offline", "bool", "Never compile: a cache miss raises `OfflineCacheMiss`, naming the variant "
-            "and the exact `flashcompress prewarm` command that would build it."),
+            "and the exact `flashcompress prewarm` command that would build it. An entry built from the same "
+            "sources, flags and target by other compiler versions is loaded rather than treated as a miss."),
     Setting("force_rebuild", "bool", "Ignore cached entries and rebuild each variant once per process "
             "(the new build replaces the old entry)."),
     Setting("verbose", "bool", "Log cache hits, misses and every compiler command with its output to "
@@ -421,6 +422,9 @@ def markdown_table() -> str:
         "Toolchain variables honoured (not flashcompress-specific): `CUDA_HOME` / `CUDA_PATH` (CUDA toolkit "
         "root; else derived from `nvcc` on `PATH`, else `/usr/local/cuda`), `ROCM_HOME` / `ROCM_PATH` (else "
         "`/opt/rocm`), `CXX` (host compiler, default `c++`). Their `--version` output is part of every cache "
-        "key, so the toolchain must also be installed where prewarmed variants are loaded.",
+        "key, so a different compiler rebuilds. Loading a prewarmed cache does not need them: where they cannot "
+        "be found (a runtime image without the toolkit) each entry is found through a pointer keyed by everything "
+        "but the compiler versions, and a miss raises `ToolchainMissing` (a subclass of `OfflineCacheMiss`) "
+        "naming the missing compiler, the prewarm command and `FLASHCOMPRESS_BACKEND=torch`.",
     ]
     return "\n".join(lines)

@@ -1,7 +1,11 @@
 """Toolchain discovery and fingerprinting: device compiler, host compiler, tvm-ffi.
 
 The cache key includes the ``--version`` output of the device compiler (nvcc or
-hipcc) and of the host compiler.  Running them costs ~10 ms, too much for a
+hipcc) and of the host compiler.  When either cannot be found or probed,
+``get_toolchain`` raises ``ToolchainUnavailable`` (a ``FileNotFoundError``) naming
+every missing compiler; the engine then looks entries up without the compiler
+versions (see ``engine.resolve``), so a prewarmed cache loads on a machine
+without the toolkit.  Running them costs ~10 ms, too much for a
 cache hit in a fresh process, so their output is memoised on disk under
 ``<cache root>/.toolchain/`` keyed by the resolved binary's path, size, inode
 and mtime: a reinstalled compiler is a different file and is probed again.
@@ -23,7 +27,24 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-__all__ = ["Toolchain", "TvmFfiInfo", "get_toolchain", "tvm_ffi_info"]
+__all__ = ["Toolchain", "ToolchainUnavailable", "TvmFfiInfo", "clear_toolchain_memo", "get_toolchain", "tvm_ffi_info"]
+
+
+class ToolchainUnavailable(FileNotFoundError):
+    """A compiler needed to build variants of a backend is missing or broken.
+
+    ``missing`` lists ``(compiler, why)`` pairs, e.g. ``("nvcc", "not found at /x/bin/nvcc; set CUDA_HOME ...")``.
+    """
+
+    def __init__(self, backend: str, missing: list[tuple[str, str]]) -> None:
+        self.backend = backend
+        self.missing = list(missing)
+        super().__init__("; ".join(f"{name}: {why}" for name, why in self.missing))
+
+    @property
+    def compilers(self) -> list[str]:
+        """Names of the missing compilers (``nvcc``, ``c++``, ...)."""
+        return [name for name, _ in self.missing]
 
 
 @dataclass(frozen=True)
@@ -108,11 +129,15 @@ def _rocm_root() -> Path:
     return Path("/opt/rocm")
 
 
+def _host_compiler_name() -> str:
+    return os.environ.get("CXX") or "c++"
+
+
 def _host_compiler() -> Path:
-    name = os.environ.get("CXX") or "c++"
+    name = _host_compiler_name()
     found = shutil.which(name)
     if not found:
-        raise FileNotFoundError(f"host C++ compiler {name!r} not found (set CXX)")
+        raise FileNotFoundError(f"host C++ compiler {name!r} not found on PATH (set CXX)")
     return Path(found)
 
 
@@ -129,7 +154,10 @@ def _probe_version(binary: Path, cache_dir: Path | None, extra_env: dict[str, st
         except OSError:
             pass
     env = dict(os.environ, **(extra_env or {}))
-    proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True, env=env, check=False)
+    try:
+        proc = subprocess.run([str(binary), "--version"], capture_output=True, text=True, env=env, check=False)
+    except OSError as exc:  # not executable, wrong architecture, ...
+        raise RuntimeError(f"`{binary} --version` could not run: {exc}") from None
     if proc.returncode != 0:
         raise RuntimeError(f"`{binary} --version` failed ({proc.returncode}): {proc.stderr.strip()[:500]}")
     text = proc.stdout.strip()
@@ -145,43 +173,74 @@ def _probe_version(binary: Path, cache_dir: Path | None, extra_env: dict[str, st
 
 
 _TOOLCHAINS: dict[tuple[str, str], Toolchain] = {}
+_UNAVAILABLE: dict[tuple[str, str, str, str], ToolchainUnavailable] = {}
 
 
-def get_toolchain(backend: str, cache_root: Path | None) -> Toolchain:
-    """The toolchain for ``backend`` (memoised per process and cache root)."""
-    memo_key = (backend, str(cache_root))
-    cached = _TOOLCHAINS.get(memo_key)
-    if cached is not None:
-        return cached
-    probe_dir = cache_root / ".toolchain" if cache_root is not None else None
-    host = _host_compiler()
+def _device_compiler(backend: str) -> tuple[Path, Path, dict[str, str] | None]:
+    """(toolkit root, device compiler path, extra env for probing it)."""
     if backend == "cuda":
         root = _cuda_root()
-        device = root / "bin" / "nvcc"
-        env = None
-    elif backend == "hip":
+        return root, root / "bin" / "nvcc", None
+    if backend == "hip":
         root = _rocm_root()
         device = root / "bin" / "hipcc"
         if not device.exists() and shutil.which("hipcc"):
             device = Path(shutil.which("hipcc"))  # type: ignore[arg-type]
-        env = {"HIP_PLATFORM": "amd"}
-    else:
-        raise ValueError(f"unknown GPU backend {backend!r}")
+        return root, device, {"HIP_PLATFORM": "amd"}
+    raise ValueError(f"unknown GPU backend {backend!r}")
+
+
+def get_toolchain(backend: str, cache_root: Path | None) -> Toolchain:
+    """The toolchain for ``backend`` (memoised per process and cache root).
+
+    Raises ``ToolchainUnavailable`` naming every compiler that is missing or whose
+    ``--version`` fails (also memoised; ``clear_toolchain_memo`` forgets it).
+    """
+    memo_key = (backend, str(cache_root))
+    cached = _TOOLCHAINS.get(memo_key)
+    if cached is not None:
+        return cached
+    env_key = (backend, str(cache_root), os.environ.get("CUDA_HOME", "") + os.pathsep + os.environ.get("CUDA_PATH", "")
+               + os.pathsep + os.environ.get("ROCM_HOME", "") + os.pathsep + os.environ.get("ROCM_PATH", ""),
+               _host_compiler_name() + os.pathsep + os.environ.get("PATH", ""))
+    failed = _UNAVAILABLE.get(env_key)
+    if failed is not None:
+        raise failed
+    probe_dir = cache_root / ".toolchain" if cache_root is not None else None
+    root, device, env = _device_compiler(backend)
+    missing: list[tuple[str, str]] = []
+    device_version = host_version = ""
     if not device.exists():
         var = "CUDA_HOME" if backend == "cuda" else "ROCM_PATH"
-        raise FileNotFoundError(f"{device.name} not found at {device}; set {var} to the toolkit root")
+        missing.append((device.name, f"not found at {device}; set {var} to the toolkit root"))
+    else:
+        try:
+            device_version = _probe_version(device, probe_dir, env)
+        except (OSError, RuntimeError) as exc:
+            missing.append((device.name, str(exc)))
+    host: Path | None = None
+    try:
+        host = _host_compiler()
+        host_version = _probe_version(host, probe_dir)
+    except (OSError, RuntimeError) as exc:
+        missing.append((_host_compiler_name(), str(exc)))
+    if missing or host is None:
+        error = ToolchainUnavailable(backend, missing)
+        _UNAVAILABLE[env_key] = error
+        raise error
     toolchain = Toolchain(
         backend=backend,
         root=root,
         device_compiler=device,
         host_compiler=host,
-        device_version=_probe_version(device, probe_dir, env),
-        host_version=_probe_version(host, probe_dir),
+        device_version=device_version,
+        host_version=host_version,
     )
     _TOOLCHAINS[memo_key] = toolchain
     return toolchain
 
 
 def clear_toolchain_memo() -> None:
-    """Forget probed toolchains (tests that switch compilers)."""
+    """Forget probed toolchains and failed probes (tests that switch compilers)."""
     _TOOLCHAINS.clear()
+    _UNAVAILABLE.clear()
