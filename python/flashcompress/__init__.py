@@ -7,6 +7,7 @@ API modules):
   CompressorDecodePlan, CompressorPrefillPlan   plan containers + builders
   compress_forward                              pool KV projections into compressed rows
   compress_norm_rope_store                      RMSNorm + RoPE (+ Hadamard) + quantised paged store
+  compress_and_store                            both in one call (one launch on CUDA)
   is_overlap_compress                           ratio 4 uses overlapping windows
 """
 
@@ -19,6 +20,7 @@ __version__ = "0.1.0"
 __all__ = [
     "CompressorDecodePlan",
     "CompressorPrefillPlan",
+    "compress_and_store",
     "compress_forward",
     "compress_norm_rope_store",
     "is_overlap_compress",
@@ -28,13 +30,14 @@ __all__ = [
 _LAZY = {
     "CompressorDecodePlan": "plans",
     "CompressorPrefillPlan": "plans",
+    "compress_and_store": "api",
     "compress_forward": "api",
     "compress_norm_rope_store": "api",
     "is_overlap_compress": "api",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .api import compress_forward, compress_norm_rope_store, is_overlap_compress
+    from .api import compress_and_store, compress_forward, compress_norm_rope_store, is_overlap_compress
     from .plans import CompressorDecodePlan, CompressorPrefillPlan
 
 

@@ -1,22 +1,22 @@
-"""The engine-facing ops: ``compress_forward`` and ``compress_norm_rope_store``.
+"""The engine-facing ops: ``compress_forward``, ``compress_norm_rope_store``, ``compress_and_store``.
 
 Data flows one way: arguments -> ``validation`` (everything is checked before
-anything is written) -> backend choice -> the backend's op entry point.  This
-module holds no plan or tensor logic of its own.
-
-Backend: the PyTorch backend (``torch_backend.ops``) on every device until the
-CUDA compress / store kernel families land; ``dispatch.use_jit(device,
-"compress" | "store")`` will select them here.
+anything is written) -> ``dispatch.ops_backend(device)`` (``torch_backend.ops``
+or ``cuda_ops.ops``, chosen once per call) -> the backend's op entry point,
+which has the same signature in both backends.  This module holds no plan or
+tensor logic of its own.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from . import validation as V
-from .layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES, select_cache_format
+from .dispatch import ops_backend
+from .layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES, CacheFormat, select_cache_format
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
-from .torch_backend import ops as torch_ops
 from .torch_backend.rows import compress_fields, decode_fields, store_targets, write_fields
 
 
@@ -25,23 +25,23 @@ def is_overlap_compress(ratio: int) -> bool:
     return V.check_ratio(ratio) == 4
 
 
-def compress_forward(
-    kv_score_buffer: torch.Tensor,
-    kv_score_input: torch.Tensor,
-    ape: torch.Tensor,
-    plan: CompressorDecodePlan | CompressorPrefillPlan,
-    *,
-    head_dim: int,
-    compress_ratio: int,
-    out: torch.Tensor | None = None,
-    is_online: bool = False,
-) -> torch.Tensor:
-    """Fold per-token KV projections into compressed entries and update the state pool.
+class _Compress(NamedTuple):
+    """A validated compress call: flat state, input, ape, plan tensors, resolved sizes."""
 
-    Returns ``out [plan rows, head_dim]``: decode, one row per request (zeros
-    where the request is not at a window boundary); prefill, one row per
-    CompressPlan row (zeros for invalid rows).  The state pool is updated in place.
-    """
+    state: torch.Tensor
+    inp: torch.Tensor
+    ape: torch.Tensor
+    plan_rows: torch.Tensor
+    plan_w: torch.Tensor | None
+    ratio: int
+    head_dim: int
+    is_online: bool
+
+
+def _check_compress(
+    kv_score_buffer: object, kv_score_input: object, ape: object, plan: object, head_dim: object,
+    compress_ratio: object, out: object, is_online: object,
+) -> _Compress:
     ratio = V.check_ratio(compress_ratio)
     if not isinstance(is_online, bool):
         V.fail("is_online", "a bool", repr(is_online), TypeError)
@@ -74,13 +74,51 @@ def compress_forward(
         else:
             V.check_plan_indices(rows, n_in, ratio, False, compress=compress_fields(plan_rows),
                                  write=write_fields(plan_w))
+    return _Compress(state, inp, ape_t, plan_rows, plan_w, ratio, head_dim, is_online)
 
+
+def _check_store_values(
+    plan: CompressorDecodePlan | CompressorPrefillPlan, plan_rows: torch.Tensor, loc: torch.Tensor,
+    kvcache: torch.Tensor, page_size: int, freq: torch.Tensor,
+) -> None:
+    """Data-dependent store checks (always on CPU tensors, ``FLASHCOMPRESS_DEBUG=1`` on GPU ones)."""
+    if not V.wants_value_checks(plan_rows):
+        return
+    if not plan.is_decode:
+        fields = compress_fields(plan_rows)
+        ragged = fields["ragged_id"][fields["valid"]]
+        if ragged.numel() and int(ragged.max()) >= loc.shape[0]:
+            V.fail("out_loc", f"> {int(ragged.max())} entries (largest ragged_id in the plan)", loc.shape[0])
+    valid, dest, positions = store_targets(plan_rows, plan.is_decode, plan.compress_ratio, loc)
+    V.check_store_values(dest[valid], positions[valid], kvcache, page_size, freq.shape[0])
+
+
+def compress_forward(
+    kv_score_buffer: torch.Tensor,
+    kv_score_input: torch.Tensor,
+    ape: torch.Tensor,
+    plan: CompressorDecodePlan | CompressorPrefillPlan,
+    *,
+    head_dim: int,
+    compress_ratio: int,
+    out: torch.Tensor | None = None,
+    is_online: bool = False,
+) -> torch.Tensor:
+    """Fold per-token KV projections into compressed entries and update the state pool.
+
+    Returns ``out [plan rows, head_dim]`` (dtype of ``kv_score_input`` unless
+    ``out`` is given): decode, one row per request (zeros where the request is
+    not at a window boundary); prefill, one row per CompressPlan row (zeros for
+    invalid rows).  The state pool is updated in place.
+    """
+    c = _check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
     if out is None:
-        out = torch.empty((plan_rows.shape[0], head_dim), dtype=inp.dtype, device=device)
-    if plan_rows.shape[0] == 0 and (plan_w is None or plan_w.shape[0] == 0):
+        out = torch.empty((c.plan_rows.shape[0], c.head_dim), dtype=c.inp.dtype, device=c.state.device)
+    if c.plan_rows.shape[0] == 0 and (c.plan_w is None or c.plan_w.shape[0] == 0):
         return out
-    torch_ops.compress_forward(state, inp, ape_t, plan_rows, plan_w, out,
-                               ratio=ratio, head_dim=head_dim, is_online=is_online)
+    ops_backend(c.state.device).compress_forward(
+        c.state, c.inp, c.ape, c.plan_rows, c.plan_w, out,
+        ratio=c.ratio, head_dim=c.head_dim, is_online=c.is_online)
     return out
 
 
@@ -105,7 +143,6 @@ def compress_norm_rope_store(
     write nothing.
     """
     plan = V.check_plan(plan, None)
-    ratio = plan.compress_ratio
     plan_rows = V.check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, None)
     kv_t, loc, freq, fmt = V.check_store_args(
         kv, plan_rows.shape[0], norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
@@ -115,17 +152,51 @@ def compress_norm_rope_store(
         V.fail("plan[1]", f"device {kv_t.device} (same as kv)", plan_rows.device)
     if plan_rows.shape[0] == 0:
         return
-    if V.wants_value_checks(plan_rows):
-        if not plan.is_decode:
-            fields = compress_fields(plan_rows)
-            ragged = fields["ragged_id"][fields["valid"]]
-            if ragged.numel() and int(ragged.max()) >= loc.shape[0]:
-                V.fail("out_loc", f"> {int(ragged.max())} entries (largest ragged_id in the plan)", loc.shape[0])
-        valid, dest, positions = store_targets(plan_rows, plan.is_decode, ratio, loc)
-        V.check_store_values(dest[valid], positions[valid], kvcache, page_size, freq.shape[0])
+    _check_store_values(plan, plan_rows, loc, kvcache, page_size, freq)
+    ops_backend(kv_t.device).compress_norm_rope_store(
+        kv_t, plan_rows, is_decode=plan.is_decode, ratio=plan.compress_ratio,
+        norm_weight=norm_weight, norm_eps=float(norm_eps), freq_cis=freq,
+        out_loc=loc, kvcache=kvcache, page_size=page_size, fmt=fmt,
+    )
 
-    torch_ops.compress_norm_rope_store(
-        kv_t, plan_rows, is_decode=plan.is_decode, ratio=ratio,
+
+def compress_and_store(
+    kv_score_buffer: torch.Tensor,
+    kv_score_input: torch.Tensor,
+    ape: torch.Tensor,
+    plan: CompressorDecodePlan | CompressorPrefillPlan,
+    *,
+    head_dim: int,
+    compress_ratio: int,
+    norm_weight: torch.Tensor,
+    norm_eps: float,
+    freq_cis: torch.Tensor,
+    out_loc: torch.Tensor,
+    kvcache: torch.Tensor,
+    page_size: int,
+    use_fp4: bool = False,
+    bf16_store: bool = False,
+    is_online: bool = False,
+) -> None:
+    """``compress_forward`` then ``compress_norm_rope_store`` in one call (one launch on CUDA).
+
+    Writes exactly the state rows and cache bytes of the two-step path (the
+    compressed row is rounded to the input dtype before the store, as the
+    two-step path's intermediate is); the intermediate rows never reach memory.
+    Same arguments and validation as the two calls together, checked once.
+    """
+    c = _check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, None, is_online)
+    n_rows = c.plan_rows.shape[0]
+    loc, freq, fmt = V.check_store_targets(
+        c.state.device, c.head_dim, n_rows, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
+        use_fp4, bf16_store, plan.is_decode, select_cache_format,
+    )
+    if n_rows == 0 and (c.plan_w is None or c.plan_w.shape[0] == 0):
+        return
+    _check_store_values(plan, c.plan_rows, loc, kvcache, page_size, freq)
+    ops_backend(c.state.device).compress_and_store(
+        c.state, c.inp, c.ape, c.plan_rows, c.plan_w,
+        ratio=c.ratio, head_dim=c.head_dim, is_online=c.is_online, is_decode=plan.is_decode,
         norm_weight=norm_weight, norm_eps=float(norm_eps), freq_cis=freq,
         out_loc=loc, kvcache=kvcache, page_size=page_size, fmt=fmt,
     )

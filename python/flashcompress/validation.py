@@ -355,11 +355,32 @@ def check_store_args(
     fmt_for: Callable[[int, bool, bool], CacheFormat],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, CacheFormat]:
     kv_t = check_tensor("kv", kv, dtypes=FLOAT_DTYPES, ndim=2)
-    device = kv_t.device
     D = kv_t.shape[1]
     if D not in (128, 512):
         fail("kv", "head dim 128 (indexer) or 512 (main KV)", f"shape {tuple(kv_t.shape)}")
     check_size("kv", kv_t, 0, plan_rows, "one row per plan row")
+    loc, freq, fmt = check_store_targets(
+        kv_t.device, D, plan_rows, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
+        use_fp4, bf16_store, is_decode, fmt_for)
+    return kv_t, loc, freq, fmt
+
+
+def check_store_targets(
+    device: torch.device,
+    D: int,
+    plan_rows: int,
+    norm_weight: object,
+    norm_eps: object,
+    freq_cis: object,
+    out_loc: object,
+    kvcache: object,
+    page_size: object,
+    use_fp4: object,
+    bf16_store: object,
+    is_decode: bool,
+    fmt_for: Callable[[int, bool, bool], CacheFormat],
+) -> tuple[torch.Tensor, torch.Tensor, CacheFormat]:
+    """Everything of a store call except the rows themselves (``compress_and_store`` has none)."""
     if not isinstance(use_fp4, bool):
         fail("use_fp4", "a bool", repr(use_fp4), TypeError)
     if not isinstance(bf16_store, bool):
@@ -387,7 +408,7 @@ def check_store_args(
     row_bytes = fmt.data_bytes * page_size if fmt.scale_bytes == 0 else fmt.page_bytes(page_size)  # type: ignore[arg-type]
     if cache.shape[1] != row_bytes:
         fail("kvcache", f"[pages, {row_bytes}] ({fmt.name} page of {page_size} tokens)", f"shape {tuple(cache.shape)}")
-    return kv_t, loc, freq, fmt
+    return loc, freq, fmt
 
 
 def check_store_values(

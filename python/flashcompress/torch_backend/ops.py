@@ -71,3 +71,31 @@ def compress_norm_rope_store(
         norm_weight=norm_weight, norm_eps=norm_eps, freq_real=freq_real,
         kvcache=kvcache, page_size=page_size, fmt=fmt,
     )
+
+
+def compress_and_store(
+    state: torch.Tensor,
+    inp: torch.Tensor,
+    ape: torch.Tensor,
+    plan_rows: torch.Tensor,
+    plan_w: torch.Tensor | None,
+    *,
+    ratio: int,
+    head_dim: int,
+    is_online: bool,
+    is_decode: bool,
+    norm_weight: torch.Tensor,
+    norm_eps: float,
+    freq_cis: torch.Tensor,
+    out_loc: torch.Tensor,
+    kvcache: torch.Tensor,
+    page_size: int,
+    fmt: CacheFormat,
+) -> None:
+    """The two-step path: compress into an intermediate in the input dtype, then store it."""
+    kv = torch.empty((plan_rows.shape[0], head_dim), dtype=inp.dtype, device=inp.device)
+    compress_forward(state, inp, ape, plan_rows, plan_w, kv, ratio=ratio, head_dim=head_dim, is_online=is_online)
+    if plan_rows.shape[0]:
+        compress_norm_rope_store(
+            kv, plan_rows, is_decode=is_decode, ratio=ratio, norm_weight=norm_weight, norm_eps=norm_eps,
+            freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache, page_size=page_size, fmt=fmt)
