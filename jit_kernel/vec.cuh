@@ -1,0 +1,93 @@
+// flashcompress: vector loads/stores, dtype conversion to fp32 and lane-group reductions shared
+// by the compress and store kernels (device code; included by kernel TUs only).
+//
+//   Vec<T, N>            N elements of T in one aligned register bundle (16 B for fp32 x4,
+//                        8 B for bf16 x4); load_vec / store_vec move one bundle with one access.
+//   to_float(T) / from_float<T>(float)   fp32 <-> fp32 / bf16 (RNE), exact on both sides.
+//   group_sum<W>(v), group_max<W>(v)     xor-butterfly over aligned groups of W lanes
+//                        (W a power of two <= 32); every lane of the group gets the result.
+//
+// Lane groups are at most 32 wide, so the code is the same on 32-lane NVIDIA warps and on
+// 64-lane CDNA wavefronts (a 32-lane group is half a wavefront there; shuffles take width W).
+#pragma once
+
+#include "gpu_runtime.h"
+
+#if FC_GPU_HIP
+#include <hip/hip_bfloat16.h>
+#else
+#include <cuda_bf16.h>
+#endif
+
+#include <cstdint>
+
+namespace flashcompress {
+
+#if FC_GPU_HIP
+using bf16_t = hip_bfloat16;
+#else
+using bf16_t = __nv_bfloat16;
+#endif
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ Vec<T, N> load_vec(const T* p) {
+  return *reinterpret_cast<const Vec<T, N>*>(p);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& x) {
+  *reinterpret_cast<Vec<T, N>*>(p) = x;
+}
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16_t x) { return static_cast<float>(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
+#if FC_GPU_HIP
+  return bf16_t::round_to_bfloat16(x);
+#else
+  return __float2bfloat16_rn(x);
+#endif
+}
+
+// Value as the peer's mixed kernels see it: stored dtype -> TIn -> fp32.
+template <typename TIn, typename TStore>
+__device__ __forceinline__ float via(TStore x) {
+  return to_float(from_float<TIn>(to_float(x)));
+}
+
+__device__ __forceinline__ float shfl_xor(float v, int mask, int width) {
+#if FC_GPU_HIP
+  return __shfl_xor(v, mask, width);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, mask, width);
+#endif
+}
+
+template <int W>
+__device__ __forceinline__ float group_sum(float v) {
+  static_assert(W >= 1 && W <= 32 && (W & (W - 1)) == 0, "lane group must be a power of two <= 32");
+#pragma unroll
+  for (int m = W / 2; m >= 1; m /= 2) v += shfl_xor(v, m, W);
+  return v;
+}
+
+template <int W>
+__device__ __forceinline__ float group_max(float v) {
+  static_assert(W >= 1 && W <= 32 && (W & (W - 1)) == 0, "lane group must be a power of two <= 32");
+#pragma unroll
+  for (int m = W / 2; m >= 1; m /= 2) v = fmaxf(v, shfl_xor(v, m, W));
+  return v;
+}
+
+}  // namespace flashcompress
