@@ -4,6 +4,9 @@
 //
 //   norm_weight  fp32 [H]        RMSNorm weight, already rounded to the row dtype by the caller
 //                                (bf16 rows: bf16-rounded values widened to fp32)
+//   norm_weight_bf16  bf16 bit patterns [H], or nullptr (default): when set, store_row reads
+//                                the weight from here instead of norm_weight (bf16 rows whose
+//                                weight is already bf16 need no widened copy)
 //   norm_eps     fp32            as it crosses the C ABI (1e-6 -> 9.99999997e-7)
 //   freq         fp32 [max_pos, 64]  view_as_real(freq_cis): row p = cos0, sin0, cos1, sin1, ...
 //   cache        uint8 [pages, page_bytes]  (bf16 format: [rows, 1024 * page_size])
@@ -25,6 +28,7 @@ enum class StoreFormat : int { kNone = 0, kV4 = 1, kIndexFp8 = 2, kIndexFp4 = 3,
 
 struct StoreArgs {
   const float* norm_weight;
+  const uint16_t* norm_weight_bf16 = nullptr;
   const float* freq;
   uint8_t* cache;
   int64_t page_bytes;

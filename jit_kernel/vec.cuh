@@ -90,4 +90,24 @@ __device__ __forceinline__ float group_max(float v) {
   return v;
 }
 
+// ---- appended for the store kernels (store.cuh) ----
+
+__device__ __forceinline__ double shfl_xor(double v, int mask, int width) {
+#if FC_GPU_HIP
+  return __shfl_xor(v, mask, width);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, mask, width);
+#endif
+}
+
+// group_sum<W> in fp64 (the RMSNorm sum of squares of the store kernels: fp32 squares are exact
+// in fp64, so the sum is the exact one up to a few fp64 roundings, whatever the lane order).
+template <int W>
+__device__ __forceinline__ double group_sum_f64(double v) {
+  static_assert(W >= 1 && W <= 32 && (W & (W - 1)) == 0, "lane group must be a power of two <= 32");
+#pragma unroll
+  for (int m = W / 2; m >= 1; m /= 2) v += shfl_xor(v, m, W);
+  return v;
+}
+
 }  // namespace flashcompress

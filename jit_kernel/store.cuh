@@ -1,0 +1,414 @@
+// flashcompress: RMSNorm + interleaved RoPE (+ 128-point Hadamard) + quantised paged store of
+// one compressed KV row per 32-lane warp (spec store-and-jit.md §4-§6). Device code; included
+// by kernel TUs only (the store family, and the compress family's fused store epilogue).
+//
+// store_row<kHeadDim, kFmt>(v, lane, position, loc, args)   -- the warp-cooperative row store
+//   v         fp32, pre-norm, canonical row layout: lane `lane` holds
+//               v[4*j + i] = dim 128*j + 4*lane + i,   j < kHeadDim/128, i < 4
+//             (so the 64 RoPE dims are v[4*(J-1) .. 4*(J-1)+3] of lanes 16..31, J = kHeadDim/128;
+//             every lane's data bytes are contiguous and a warp's stores coalesce)
+//   position  RoPE row of args.freq (no bound check, like the peer)
+//   loc       cache slot: page = loc >> page_shift, slot = loc & (page_size - 1)
+//   All 32 lanes of the warp must call it together (butterfly shuffles, full mask).
+//
+// Per row (fp32 unless noted; the reference is torch_backend/store.py):
+//   ss = sum x^2 in fp64 (exact squares; the reference's fp64 sum), rounded once to fp32
+//   nf = fp32(1 / sqrt(fp64(ss / H + eps)))  -- correctly rounded, as the reference computes it
+//   y  = (x * nf) * w;   RoPE on the last 64 dims: re' = fma(re, c, -(im s)), im' = fma(re, s, im c)
+//   H = 128: Walsh-Hadamard (bits 0..6: bits 0-1 inside a lane, 2-6 across lanes), * rsqrtf(128)
+//   encode, formats (bytes per token; data at page*page_bytes + slot*data, scales after the
+//   page's data region at page*page_bytes + P*data + slot*scale):
+//     kV4        H 512: 448 e4m3 (7 tiles of 64 dims: bf16-rounded values, ue8m0 scale of
+//                max(amax, 1e-4)/448) + 64 bf16 rope | 7 ue8m0 bytes (pad byte 7 untouched)
+//     kIndexFp8  H 128: 128 e4m3 of h / scale | fp32 scale = max(amax, 1e-4)/448
+//     kIndexFp4  H 128: 64 bytes of e2m1 threshold-code pairs (4 groups of 32, ue8m0 scale of
+//                max(amax, 1e-4)/6, even dim in the low nibble) | 4 ue8m0 bytes
+//     kBf16      H 512: 512 bf16 (row loc of 1024-byte rows)
+//   Lane stores: V4 4 B codes per 128-dim block (lanes 16..31 of the last block: 8 B of rope),
+//   scales by the lanes (16*h + j) that own tile 2j+h; idx fp8 4 B + lane 0 the scale; idx fp4
+//   2 B + lanes 0, 8, 16, 24 one scale byte each; bf16 8 B per block.
+//
+// The standalone kernel (StoreLaunch<kHeadDim, kFmt, kIn>::run, store_launch.h):
+//   kv [rows, H] fp32 | bf16; plan [rows, 16]; grid ceil(rows / 8), block 256 = 8 warps, warp w of
+//   block b owns plan row 8b + w (surplus warps of the last block exit). Per row it reads the plan
+//   row (decode DecodePlan: stored iff seq_len % ratio == 0, dest out_loc[row]; prefill
+//   CompressPlan: stored iff seq_len != 0xFFFFFFFF, dest out_loc[ragged_id]; position
+//   int32(seq_len - ratio)), then -- only for stored rows -- out_loc, the kv row (one 16-B / 8-B
+//   load per lane per 128 dims), the weight and the RoPE row, and calls store_row. Skipped rows
+//   write nothing. Launch on the caller's stream, no host synchronisation, graph-capturable.
+//
+// Host emulation (tests/native/store_host_emulator.cu): with FC_STORE_HOST_EMULATION defined the
+// row functions are __host__ __device__ and the host pass exchanges lane values through
+// store::host_lanes::shfl_xor (provided by the emulator, one std::thread per lane), in the same
+// butterfly order as vec.cuh's group_max / group_sum.
+#pragma once
+
+#include <cstdint>
+
+#include "gpu_runtime.h"
+#include "plan.cuh"
+#include "quant.cuh"
+#include "store_args.h"
+#include "store_launch.h"
+#include "vec.cuh"
+
+#if defined(FC_STORE_HOST_EMULATION)
+#define FC_STORE_FN __host__ __device__ __forceinline__
+#else
+#define FC_STORE_FN __device__ __forceinline__
+#endif
+
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || !defined(FC_STORE_HOST_EMULATION)
+#define FC_STORE_LANES_ON_DEVICE 1
+#else
+#define FC_STORE_LANES_ON_DEVICE 0
+#endif
+
+namespace flashcompress {
+namespace store {
+
+#if defined(FC_STORE_HOST_EMULATION)
+namespace host_lanes {
+// The value of `v` held by lane (this lane ^ mask) of the emulated warp (defined by the emulator).
+float shfl_xor(float v, int mask);
+double shfl_xor(double v, int mask);
+}  // namespace host_lanes
+#endif
+
+inline constexpr int kWarpLanes = 32;
+inline constexpr int kRopeDim = 64;
+inline constexpr int kWarpsPerBlock = 8;
+inline constexpr int kBlockThreads = kWarpsPerBlock * kWarpLanes;
+inline constexpr float kAmaxFloor = 1e-4f;
+inline constexpr uint32_t kHadamardScaleBits = 0x3DB504F3u;  // rsqrtf(128), correctly rounded
+
+// Bytes per token of each format: data region, then scale region of the page.
+template <StoreFormat kFmt>
+struct FormatTraits;
+template <>
+struct FormatTraits<StoreFormat::kV4> {
+  static constexpr int kHeadDim = 512, kDataBytes = 576, kScaleBytes = 8;
+};
+template <>
+struct FormatTraits<StoreFormat::kIndexFp8> {
+  static constexpr int kHeadDim = 128, kDataBytes = 128, kScaleBytes = 4;
+};
+template <>
+struct FormatTraits<StoreFormat::kIndexFp4> {
+  static constexpr int kHeadDim = 128, kDataBytes = 64, kScaleBytes = 4;
+};
+template <>
+struct FormatTraits<StoreFormat::kBf16> {
+  static constexpr int kHeadDim = 512, kDataBytes = 1024, kScaleBytes = 0;
+};
+
+namespace detail {
+
+// ------------------------------------------------------------------ lane exchange
+
+template <int W>
+FC_STORE_FN float lanes_max(float v) {
+#if FC_STORE_LANES_ON_DEVICE
+  return group_max<W>(v);
+#else
+  for (int m = W / 2; m >= 1; m /= 2) v = fmaxf(v, host_lanes::shfl_xor(v, m));
+  return v;
+#endif
+}
+
+template <int W>
+FC_STORE_FN double lanes_sum_f64(double v) {
+#if FC_STORE_LANES_ON_DEVICE
+  return group_sum_f64<W>(v);
+#else
+  for (int m = W / 2; m >= 1; m /= 2) v += host_lanes::shfl_xor(v, m);
+  return v;
+#endif
+}
+
+FC_STORE_FN float lane_xor(float v, int mask) {
+#if FC_STORE_LANES_ON_DEVICE
+  return shfl_xor(v, mask, kWarpLanes);
+#else
+  return host_lanes::shfl_xor(v, mask);
+#endif
+}
+
+// ------------------------------------------------------------------ memory access
+
+FC_STORE_FN Vec<float, 4> load4(const float* p) { return *reinterpret_cast<const Vec<float, 4>*>(p); }
+
+FC_STORE_FN void load4_bf16(const uint16_t* p, float (&out)[4]) {
+  const Vec<uint16_t, 4> b = *reinterpret_cast<const Vec<uint16_t, 4>*>(p);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[i] = quant::bf16_to_float(b.v[i]);
+}
+
+FC_STORE_FN void store_u16(uint8_t* p, uint32_t x) { *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(x); }
+FC_STORE_FN void store_u32(uint8_t* p, uint32_t x) { *reinterpret_cast<uint32_t*>(p) = x; }
+FC_STORE_FN void store_u64(uint8_t* p, uint64_t x) { *reinterpret_cast<uint64_t*>(p) = x; }
+
+FC_STORE_FN uint64_t bf16x4(const float* y) {
+  return static_cast<uint64_t>(quant::bf16_bits(y[0])) | (static_cast<uint64_t>(quant::bf16_bits(y[1])) << 16) |
+         (static_cast<uint64_t>(quant::bf16_bits(y[2])) << 32) |
+         (static_cast<uint64_t>(quant::bf16_bits(y[3])) << 48);
+}
+
+FC_STORE_FN float abs_max4(const float* u) {
+  // fmaxf from 0 ignores NaN, like the reference's amax (NaN -> 0).
+  float a = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) a = fmaxf(a, fabsf(u[i]));
+  return a;
+}
+
+// Where the entry of slot `loc` lives: its data bytes and its scale bytes.
+struct Entry {
+  uint8_t* data;
+  uint8_t* scales;
+};
+
+template <StoreFormat kFmt>
+FC_STORE_FN Entry entry_at(const StoreArgs& args, int64_t loc) {
+  using T = FormatTraits<kFmt>;
+  const int64_t page = loc >> args.page_shift;
+  const int64_t slot = loc & ((int64_t{1} << args.page_shift) - 1);
+  uint8_t* base = args.cache + page * args.page_bytes;
+  return {base + slot * T::kDataBytes,
+          base + (int64_t{T::kDataBytes} << args.page_shift) + slot * T::kScaleBytes};
+}
+
+// ------------------------------------------------------------------ encoders
+
+// V4: 7 e4m3 tiles of 64 dims (tile k = block k/2, lanes 16*(k%2)..+15) + 64 bf16 rope dims.
+FC_STORE_FN void encode_v4(const float (&y)[16], int lane, const Entry& e) {
+  const int half = lane >> 4;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float u[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) u[i] = quant::bf16_round(y[4 * j + i]);
+    // every lane takes part in the butterfly; the rope lanes' result of block 3 is unused
+    const float amax = fmaxf(lanes_max<16>(abs_max4(u)), kAmaxFloor);
+    const uint32_t exp = quant::ue8m0_ceil(quant::div_rn(amax, quant::kE4m3Max));
+    const float inv = quant::inv_ue8m0(exp);
+    const bool rope = j == 3 && half == 1;
+    if (!rope) {
+      store_u32(e.data + 128 * j + 4 * lane,
+                quant::pack_fp8x4(u[0] * inv, u[1] * inv, u[2] * inv, u[3] * inv));
+      if ((lane & 15) == j) e.scales[2 * j + half] = static_cast<uint8_t>(exp);
+    } else {
+      store_u64(e.data + 448 + 8 * (lane - 16), bf16x4(&y[12]));
+    }
+  }
+}
+
+FC_STORE_FN void encode_index_fp8(const float (&h)[4], int lane, const Entry& e) {
+  const float amax = fmaxf(lanes_max<32>(abs_max4(h)), kAmaxFloor);
+  const float scale = quant::div_rn(amax, quant::kE4m3Max);
+  const float inv = quant::div_rn(1.0f, scale);
+  store_u32(e.data + 4 * lane, quant::pack_fp8x4(h[0] * inv, h[1] * inv, h[2] * inv, h[3] * inv));
+  if (lane == 0) *reinterpret_cast<float*>(e.scales) = scale;
+}
+
+FC_STORE_FN void encode_index_fp4(const float (&h)[4], int lane, const Entry& e) {
+  // group g = dims 32g..32g+31 = lanes 8g..8g+7
+  const float amax = fmaxf(lanes_max<8>(abs_max4(h)), kAmaxFloor);
+  const uint32_t exp = quant::ue8m0_ceil(quant::div_rn(amax, quant::kE2m1Max));
+  const float inv = quant::inv_ue8m0(exp);
+  uint32_t c[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) c[i] = quant::e2m1_threshold(h[i] * inv);
+  store_u16(e.data + 2 * lane, c[0] | (c[1] << 4) | (c[2] << 8) | (c[3] << 12));
+  if ((lane & 7) == 0) e.scales[lane >> 3] = static_cast<uint8_t>(exp);
+}
+
+FC_STORE_FN void encode_bf16(const float (&y)[16], int lane, const Entry& e) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) store_u64(e.data + 256 * j + 8 * lane, bf16x4(&y[4 * j]));
+}
+
+// ------------------------------------------------------------------ transforms
+
+// Unnormalised Sylvester Walsh-Hadamard over 128 dims (index d = 4*lane + i), butterflies on
+// bits 0..6 in that order (lower index a + b, upper a - b), then * rsqrtf(128).
+FC_STORE_FN void hadamard128(float (&v)[4], int lane) {
+  float t0 = v[0] + v[1], t1 = v[0] - v[1], t2 = v[2] + v[3], t3 = v[2] - v[3];  // bit 0
+  v[0] = t0 + t2;                                                                 // bit 1
+  v[2] = t0 - t2;
+  v[1] = t1 + t3;
+  v[3] = t1 - t3;
+#pragma unroll
+  for (int mask = 1; mask < kWarpLanes; mask <<= 1) {  // bits 2..6 = lane bits 0..4
+    const bool upper = (lane & mask) != 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float other = lane_xor(v[i], mask);
+      v[i] = upper ? other - v[i] : v[i] + other;
+    }
+  }
+  const float scale = quant::bits_float(kHadamardScaleBits);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) v[i] *= scale;
+}
+
+}  // namespace detail
+
+// One 32-lane warp stores one row (see the file comment for the layout and the math).
+template <int kHeadDim, StoreFormat kFmt>
+FC_STORE_FN void store_row(float (&v)[kHeadDim / 32], int lane, int64_t position, int64_t loc,
+                           const StoreArgs& args) {
+  static_assert(kHeadDim == 128 || kHeadDim == 512, "head dim must be 128 or 512");
+  static_assert(kFmt != StoreFormat::kNone, "store_row needs a cache format");
+  static_assert(FormatTraits<kFmt>::kHeadDim == kHeadDim,
+                "format / head dim mismatch: V4 and bf16 store 512 dims, the indexer formats 128");
+  constexpr int kBlocks = kHeadDim / 128;
+  constexpr int kVals = kHeadDim / 32;
+  constexpr int kRopeBase = 4 * (kBlocks - 1);  // v index of the lane's first RoPE dim
+  const bool rope_lane = lane >= 16;
+
+  // Issue the weight and RoPE-table loads before the reduction.
+  float w[kVals];
+  if (args.norm_weight_bf16 != nullptr) {
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+      float wj[4];
+      detail::load4_bf16(args.norm_weight_bf16 + 128 * j + 4 * lane, wj);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[4 * j + i] = wj[i];
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < kBlocks; ++j) {
+      const Vec<float, 4> wj = detail::load4(args.norm_weight + 128 * j + 4 * lane);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) w[4 * j + i] = wj.v[i];
+    }
+  }
+  Vec<float, 4> cs = {{1.0f, 0.0f, 1.0f, 0.0f}};
+  if (rope_lane) cs = detail::load4(args.freq + position * kRopeDim + 4 * (lane - 16));
+
+  // RMSNorm.
+  double ss = 0.0;
+#pragma unroll
+  for (int k = 0; k < kVals; ++k) ss += static_cast<double>(v[k]) * static_cast<double>(v[k]);
+  ss = detail::lanes_sum_f64<kWarpLanes>(ss);
+  const float mean = quant::div_rn(static_cast<float>(ss), static_cast<float>(kHeadDim)) + args.norm_eps;
+  const float nf = static_cast<float>(1.0 / sqrt(static_cast<double>(mean)));
+#pragma unroll
+  for (int k = 0; k < kVals; ++k) v[k] = (v[k] * nf) * w[k];
+
+  // Interleaved RoPE on the last 64 dims: lane 16 + m holds pairs 2m and 2m + 1.
+  if (rope_lane) {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const float re = v[kRopeBase + 2 * q], im = v[kRopeBase + 2 * q + 1];
+      const float c = cs.v[2 * q], s = cs.v[2 * q + 1];
+      v[kRopeBase + 2 * q] = fmaf(re, c, -(im * s));
+      v[kRopeBase + 2 * q + 1] = fmaf(re, s, im * c);
+    }
+  }
+
+  const detail::Entry entry = detail::entry_at<kFmt>(args, loc);
+  if constexpr (kFmt == StoreFormat::kV4) {
+    detail::encode_v4(v, lane, entry);
+  } else if constexpr (kFmt == StoreFormat::kBf16) {
+    detail::encode_bf16(v, lane, entry);
+  } else {
+    detail::hadamard128(v, lane);
+    if constexpr (kFmt == StoreFormat::kIndexFp8) {
+      detail::encode_index_fp8(v, lane, entry);
+    } else {
+      detail::encode_index_fp4(v, lane, entry);
+    }
+  }
+}
+
+// One plan row of the standalone kernel (warp-uniform: every lane takes the same branch).
+template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
+FC_STORE_FN void store_plan_row(const StoreKernelArgs& args, int64_t row, int lane) {
+  uint32_t seq_len;
+  int64_t dest;
+  if (args.is_decode) {
+    const DecodePlan p = reinterpret_cast<const DecodePlan*>(args.plan)[row];
+    seq_len = p.seq_len;
+    if (seq_len % args.ratio != 0) return;
+    dest = row;
+  } else {
+    const CompressPlan p = reinterpret_cast<const CompressPlan*>(args.plan)[row];
+    seq_len = p.seq_len;
+    if (seq_len == kInvalidU32) return;
+    dest = p.ragged_id;
+  }
+  // u32 subtraction reinterpreted as int32, as the peer does
+  const int64_t position = static_cast<int32_t>(seq_len - args.ratio);
+  const int64_t loc = args.out_loc[dest];
+
+  float v[kHeadDim / 32];
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 128; ++j) {
+    const int64_t offset = row * kHeadDim + 128 * j + 4 * lane;
+    if constexpr (kIn == RowDtype::kF32) {
+      const Vec<float, 4> x = detail::load4(static_cast<const float*>(args.kv) + offset);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[4 * j + i] = x.v[i];
+    } else {
+      float x[4];
+      detail::load4_bf16(static_cast<const uint16_t*>(args.kv) + offset, x);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) v[4 * j + i] = x[i];
+    }
+  }
+  store_row<kHeadDim, kFmt>(v, lane, position, loc, args.store);
+}
+
+// ------------------------------------------------------------------ kernels and launchers
+
+template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
+__global__ void __launch_bounds__(kBlockThreads) store_kernel(const StoreKernelArgs args) {
+  const int lane = static_cast<int>(threadIdx.x) & (kWarpLanes - 1);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x / kWarpLanes);
+  if (row >= args.rows) return;  // whole warps only
+  store_plan_row<kHeadDim, kFmt, kIn>(args, row, lane);
+}
+
+// Thread t encodes x[4t .. 4t+3] (n % 4 == 0): the device path of every encoder.
+template <int kPerThread>
+__global__ void __launch_bounds__(256) quant_probe_kernel(const float* x, uint8_t* out, int64_t n) {
+  static_assert(kPerThread == 4, "pack_fp8x4 encodes four values");
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (kPerThread * t >= n) return;
+  const float* xs = x + kPerThread * t;
+  const uint32_t fp8 = quant::pack_fp8x4(xs[0], xs[1], xs[2], xs[3]);
+  for (int i = 0; i < kPerThread; ++i) {
+    uint8_t* o = out + 4 * (kPerThread * t + i);
+    const uint16_t b = quant::bf16_bits(xs[i]);
+    o[0] = static_cast<uint8_t>(fp8 >> (8 * i));
+    o[1] = static_cast<uint8_t>(quant::e2m1_threshold(xs[i]));
+    o[2] = static_cast<uint8_t>(b & 0xFF);
+    o[3] = static_cast<uint8_t>(b >> 8);
+  }
+}
+
+}  // namespace store
+
+template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
+gpuError_t StoreLaunch<kHeadDim, kFmt, kIn>::run(const StoreKernelArgs& args, gpuStream_t stream) {
+  if (args.rows <= 0) return gpuSuccess;
+  const int64_t blocks = (args.rows + store::kWarpsPerBlock - 1) / store::kWarpsPerBlock;
+  store::store_kernel<kHeadDim, kFmt, kIn>
+      <<<static_cast<unsigned>(blocks), static_cast<unsigned>(store::kBlockThreads), 0, stream>>>(args);
+  return gpuGetLastError();
+}
+
+template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
+gpuError_t StoreLaunch<kHeadDim, kFmt, kIn>::quant_probe(const float* x, uint8_t* out, int64_t n,
+                                                        gpuStream_t stream) {
+  if (n <= 0) return gpuSuccess;
+  const int64_t threads = n / 4;
+  const int64_t blocks = (threads + 255) / 256;
+  store::quant_probe_kernel<4><<<static_cast<unsigned>(blocks), 256u, 0, stream>>>(x, out, n);
+  return gpuGetLastError();
+}
+
+}  // namespace flashcompress

@@ -1,0 +1,172 @@
+"""The ``store`` JIT family: ``compress_norm_rope_store`` on CUDA tensors (spec store-and-jit.md §3-§6).
+
+Same function and signature as ``flashcompress.torch_backend.ops.compress_norm_rope_store``;
+arguments arrive validated by ``flashcompress.api``.  One warp per plan row
+(``jit_kernel/store.cuh``): RMSNorm, interleaved RoPE on the last 64 dims at
+``seq_len - ratio``, the 128-point Hadamard for the indexer, then the V4 / indexer FP8 /
+indexer FP4 / bf16 encoding scattered into the paged cache.  Skipped rows (decode:
+``seq_len % ratio != 0``; prefill: invalid rows) write nothing.  The launch goes to the
+caller's current stream, never synchronises the host and can be captured in a CUDA graph.
+
+Variants: ``(head_dim, fmt, dtype)`` with ``fmt`` in {v4, bf16} at 512 and {idx_fp8,
+idx_fp4} at 128, ``dtype`` (of ``kv`` and of the weight the kernel reads) fp32 or bf16;
+``page_size`` is a runtime argument.  Exports (``jit_kernel/store_binding.h``):
+``forward``, ``quant_probe`` (the device encoders, for tests), ``page_bytes``,
+``format_info``.
+
+Bytes match the PyTorch backend: scale bytes, bf16 rope / rows exactly; fp8 / fp4 codes
+except where a value sits on a rounding tie within fp32 noise; indexer fp32 scales to
+within an ulp or so.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Mapping
+
+import torch
+
+from ..jit.family import Family, register_family
+from ..layouts import BF16_ROWS, INDEXER_FP4, INDEXER_FP8, MAIN_V4, CacheFormat
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..jit.variant import VariantKey
+
+__all__ = ["EXPORTS", "STORE", "clear_memo", "compress_norm_rope_store", "store_module"]
+
+EXPORTS = ("forward", "quant_probe", "page_bytes", "format_info")
+FORMATS: dict[str, CacheFormat] = {f.name: f for f in (MAIN_V4, INDEXER_FP8, INDEXER_FP4, BF16_ROWS)}
+DTYPES: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+# --------------------------------------------------------------------------
+# Family registration
+# --------------------------------------------------------------------------
+
+
+def _validate(params: Mapping[str, Any]) -> None:
+    fmt, head_dim = params.get("fmt"), params.get("head_dim")
+    if fmt not in FORMATS:
+        raise ValueError(f"store: fmt must be one of {list(FORMATS)}, got {fmt!r}")
+    if head_dim != FORMATS[fmt].head_dim or isinstance(head_dim, bool):
+        raise ValueError(f"store: fmt={fmt} stores head_dim {FORMATS[fmt].head_dim} rows, got head_dim={head_dim!r}")
+    if params.get("dtype") not in DTYPES.values():
+        raise ValueError(f"store: dtype must be one of {list(DTYPES.values())}, got {params.get('dtype')!r}")
+
+
+def _presets(model: str) -> list[dict[str, Any]]:
+    """What a DeepSeek-V4 deployment stores: fp32 rows into the V4 main cache and both indexer caches."""
+    from ..jit.models import model_config
+
+    model_config(model)  # unknown names raise here
+    return [
+        {"head_dim": 512, "fmt": "v4", "dtype": "fp32"},
+        {"head_dim": 128, "fmt": "idx_fp8", "dtype": "fp32"},
+        {"head_dim": 128, "fmt": "idx_fp4", "dtype": "fp32"},
+    ]
+
+
+def _warmup(key: "VariantKey") -> None:
+    """Launch ``key`` once on the current GPU (decode plan, two stored rows) and compare with the PyTorch backend."""
+    from ..jit import load
+    from ..torch_backend import ops as torch_ops
+
+    params = key.param_dict
+    fmt = FORMATS[str(params["fmt"])]
+    dtype = next(d for d, n in DTYPES.items() if n == params["dtype"])
+    module = load(key)
+    dev = torch.device("cuda", torch.cuda.current_device())
+    gen = torch.Generator().manual_seed(0)
+    rows, page_size = 3, 4
+    kv = torch.randn((rows, fmt.head_dim), generator=gen).to(dtype)
+    weight = (1 + 0.1 * torch.randn(fmt.head_dim, generator=gen)).to(dtype)
+    freq = torch.polar(torch.ones(16, 32), torch.rand((16, 32), generator=gen) * 6.28)
+    seq = torch.tensor([8, 9, 12], dtype=torch.int64)  # ratio 4: rows 0 and 2 are stored
+    plan = torch.zeros((rows, 16), dtype=torch.uint8)
+    plan[:, :4] = seq.to(torch.int32).view(torch.uint8).reshape(rows, 4)
+    out_loc = torch.tensor([5, 0, 2], dtype=torch.int64)
+    pages = 2
+    row_bytes = fmt.page_bytes(page_size) if fmt.scale_bytes else fmt.data_bytes * page_size
+    want = torch.full((pages, row_bytes), 0x5A, dtype=torch.uint8)
+    torch_ops.compress_norm_rope_store(kv, plan, is_decode=True, ratio=4, norm_weight=weight, norm_eps=1e-6,
+                                       freq_cis=freq, out_loc=out_loc, kvcache=want, page_size=page_size, fmt=fmt)
+    got = torch.full_like(want, 0x5A).to(dev)
+    _launch(module, kv.to(dev), plan.to(dev), True, 4, weight.to(dev), 1e-6, freq.to(dev), out_loc.to(dev), got,
+            page_size)
+    torch.cuda.synchronize(dev)
+    differ = int((got.cpu() != want).sum())
+    # fp8 / fp4 codes may differ at a rounding tie; scale bytes never do. Allow a handful.
+    if differ > 4:
+        raise RuntimeError(f"store warm launch of {key.describe()}: {differ} cache bytes differ from the PyTorch backend")
+
+
+STORE = register_family(
+    Family(
+        "store",
+        sources=(("store_kernel.cu.j2", "kernel.cu"), ("store_binding.cpp.j2", "binding.cpp")),
+        exports=EXPORTS,
+        space={"head_dim": (512, 128), "fmt": tuple(FORMATS), "dtype": ("fp32", "bf16")},
+        warmup=_warmup,
+    ),
+    validate=_validate,
+    presets=_presets,
+)
+
+
+# --------------------------------------------------------------------------
+# Launcher
+# --------------------------------------------------------------------------
+
+_MODULES: dict[tuple[str, torch.dtype], Any] = {}
+
+
+def store_module(fmt: CacheFormat, dtype: torch.dtype) -> Any:
+    """The loaded variant for ``fmt`` and ``kv``/weight dtype ``dtype`` (memoised per variant)."""
+    key = (fmt.name, dtype)
+    module = _MODULES.get(key)
+    if module is None:
+        from ..jit import get_module
+
+        module = get_module("store", head_dim=fmt.head_dim, fmt=fmt.name, dtype=DTYPES[dtype])
+        _MODULES[key] = module
+    return module
+
+
+def clear_memo() -> None:
+    """Forget the loaded modules (tests that switch cache directories)."""
+    _MODULES.clear()
+
+
+def compress_norm_rope_store(
+    kv: torch.Tensor,
+    plan_rows: torch.Tensor,
+    *,
+    is_decode: bool,
+    ratio: int,
+    norm_weight: torch.Tensor,
+    norm_eps: float,
+    freq_cis: torch.Tensor,
+    out_loc: torch.Tensor,
+    kvcache: torch.Tensor,
+    page_size: int,
+    fmt: CacheFormat,
+) -> None:
+    """RMSNorm + RoPE (+ Hadamard) + quantised store of the plan's stored rows (one launch).
+
+    Host work: one memo lookup, a weight cast only when its dtype differs from ``kv``'s
+    (the peer's rounding of the weight), and a free real view of ``freq_cis``.
+    """
+    mod = _MODULES.get((fmt.name, kv.dtype)) or store_module(fmt, kv.dtype)
+    _launch(mod, kv, plan_rows, is_decode, ratio, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size)
+
+
+def _launch(
+    mod: Any, kv: torch.Tensor, plan_rows: torch.Tensor, is_decode: bool, ratio: int, norm_weight: torch.Tensor,
+    norm_eps: float, freq_cis: torch.Tensor, out_loc: torch.Tensor, kvcache: torch.Tensor, page_size: int,
+) -> None:
+    if norm_weight.dtype != kv.dtype:
+        norm_weight = norm_weight.to(kv.dtype)
+    if freq_cis.is_contiguous():
+        freq = freq_cis.view(torch.float32)  # [T, 32] complex64 -> [T, 64] fp32, no copy
+    else:
+        freq = torch.view_as_real(freq_cis).flatten(-2).contiguous()
+    mod.forward(kv, plan_rows, norm_weight, norm_eps, freq, out_loc, kvcache, page_size, is_decode, ratio)
