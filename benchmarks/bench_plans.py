@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from flashcompress import CompressorDecodePlan, CompressorPrefillPlan  # noqa: E402
-from flashcompress.cuda_ops import plan_builder as pb  # noqa: E402
+from flashcompress.cuda_ops import plans as pb  # noqa: E402
 from flashcompress.torch_backend import plans as tp  # noqa: E402
 
 PAGE = 256
@@ -221,7 +221,7 @@ def bench_prefill(world, kind: str, args, rng: random.Random) -> None:
         def stage1(i: int) -> None:
             restore(i)
             if online:
-                pb.online_prefill_stage1(work[i][0], work[i][1], dev_batches[i][0], 0)
+                pb.online_prefill_stage1_both(work[i][0], work[i][1], dev_batches[i][0], 0)
             else:
                 pb.prefill_stage1(ratio, work[i][0], work[i][1], dev_batches[i][0], r2t, f2s, PAGE, ring, req_ring)
 

@@ -2,22 +2,18 @@
 // compiler; included only by the binding TU rendered from templates/plan_binding.cpp.j2, never
 // by a .cu file: the tvm-ffi headers are slow under nvcc).
 //
-// PlanBinding<kRatio, kOnline, kDevice, launch_decode, launch_prefill_stage1,
-// launch_prefill_device> holds the four exports of one variant as static member functions. The
-// launchers are plain functions defined in the kernel TU (templates/plan_kernel.cu.j2), one per
-// export, taking the launch-argument struct of jit_kernel/plan.cuh and a stream:
-//   gpuError_t launch_decode(const DecodeArgs&, gpuStream_t)          (Online* when online)
-//   gpuError_t launch_prefill_stage1(const PrefillStage1Args&, gpuStream_t)
-//   gpuError_t launch_prefill_device(const PrefillDeviceArgs&, gpuStream_t)
-// gpuError_t / gpuStream_t come from the runtime shim gpu_runtime.h (CUDA or HIP, chosen by the
-// compile command); kDevice is kDLCUDA or kDLROCM to match (the binding template picks it from
-// the variant's backend).
+// PlanBinding<kRatio, kOnline> holds the four exports of one variant as static member
+// functions; they check their arguments and call PlanLaunch<kRatio, kOnline> (plan_launch.h),
+// which the kernel TU instantiates. The regular and online halves share their checks
+// (decode_common, stage1_common, device_common below) and differ only in the state
+// addressing (tables vs. state_slot_offset). The device type (kDLCUDA / kDLROCM) follows the
+// GPU runtime of the compile command (gpu_runtime.h).
 //
 // Every export checks every tensor argument (ffi_check.h: TypeError for a wrong dtype,
 // ValueError for everything else, the message naming the argument) before anything runs,
 // never reads device memory, takes the caller's stream (TVMFFIEnvGetStream) and launches on the
 // device of its first output. Outputs are pre-allocated by the caller. All tensors are
-// contiguous and live on that one device unless noted. Python: cuda_ops/plan_builder.py.
+// contiguous and live on that one device unless noted. Python: cuda_ops/plans.py.
 //
 // Exports of the regular variants (kOnline = false; ratio 4 or 128):
 //   decode(out u8[B,16], req_pool_indices i64[B], req_to_token i32[R,L], full_to_state i64[F],
@@ -68,6 +64,7 @@
 #include "ffi_check.h"  // also the GPU error check and device guard (gpu_runtime.h)
 #include "gpu_runtime.h"
 #include "plan.cuh"
+#include "plan_launch.h"
 
 namespace flashcompress {
 namespace plan_binding {
@@ -79,10 +76,6 @@ inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
 // The DLPack device type of this build's GPU runtime; a variant's kDevice must match it.
 inline constexpr DLDeviceType kGpuDeviceType = FC_GPU_HIP ? kDLROCM : kDLCUDA;
-
-// The type of a kernel-TU launcher taking the argument struct Args.
-template <typename Args>
-using Launcher = gpuError_t (*)(const Args&, gpuStream_t);
 
 inline gpuStream_t stream_of(DLDevice device) {
   return static_cast<gpuStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
@@ -176,77 +169,139 @@ tvm::ffi::String layout_json() {
   return tvm::ffi::String(os.str());
 }
 
+// ------------------------------------------------------------------------------------------
+// Checks shared by the regular and the online variants
+// ------------------------------------------------------------------------------------------
+
+struct Rows {
+  DLDevice dev;
+  int64_t rows;   // decode: batch; stage 1: rows of plan_c; device planner: num_q_tokens
+  int64_t rows_w;  // stage 1: rows of plan_w
+  int64_t batch;
+};
+
+// decode(out u8[B,16], req_pool_indices i64[B], seq_lens i64[B], ...)
+inline Rows decode_common(const TensorView& out, const TensorView& req_pool_indices,
+                          const TensorView& seq_lens) {
+  const DLDevice dev = output_device(out, "out", kGpuDeviceType);
+  const int64_t batch = check_plan_rows(out, "out", kDecodePlanBytes, dev);
+  check_index_vector(req_pool_indices, "req_pool_indices", batch, dev);
+  check_index_vector(seq_lens, "seq_lens", batch, dev);
+  return {dev, batch, 0, batch};
+}
+
+// prefill_stage1(plan_c u8[Nc,16], plan_w u8[Nw,w_bytes], num_c, num_w, req_pool_indices i64[B], ...)
+inline Rows stage1_common(const TensorView& plan_c, const TensorView& plan_w, int64_t num_c,
+                          int64_t num_w, const TensorView& req_pool_indices, int64_t w_bytes) {
+  const DLDevice dev = output_device(plan_c, "plan_c", kGpuDeviceType);
+  const int64_t rows_c = check_plan_rows(plan_c, "plan_c", kCompressPlanBytes, dev);
+  const int64_t rows_w = check_plan_rows(plan_w, "plan_w", w_bytes, dev);
+  chk::check_range(num_c, "num_c", 0, rows_c);
+  chk::check_range(num_w, "num_w", 0, rows_w);
+  chk::check_dtype(req_pool_indices, "req_pool_indices", chk::kInt64);
+  chk::check_ndim(req_pool_indices, "req_pool_indices", 1);
+  chk::check_contiguous(req_pool_indices, "req_pool_indices");
+  chk::check_same_device(req_pool_indices, "req_pool_indices", dev);
+  return {dev, rows_c, rows_w, req_pool_indices.size(0)};
+}
+
+// prefill_device(plan_c u8[N,16], plan_w u8[N,w_bytes], workspace i64[3(B+1)],
+//                req_pool_indices i64[B], seq_lens i64[B], extend_lens i64[B], ...)
+inline Rows device_common(const TensorView& plan_c, const TensorView& plan_w,
+                          const TensorView& workspace, const TensorView& req_pool_indices,
+                          const TensorView& seq_lens, const TensorView& extend_lens,
+                          int64_t w_bytes) {
+  const DLDevice dev = output_device(plan_c, "plan_c", kGpuDeviceType);
+  const int64_t rows = check_plan_rows(plan_c, "plan_c", kCompressPlanBytes, dev);
+  chk::check_range(rows, "num_q_tokens (plan_c.shape[0])", 0, kMaxRaggedId);
+  chk::check_tensor(plan_w, "plan_w", chk::kUInt8, {rows, w_bytes}, dev);
+  chk::check_aligned(plan_w, "plan_w", static_cast<uint64_t>(w_bytes));
+  chk::check_dtype(req_pool_indices, "req_pool_indices", chk::kInt64);
+  chk::check_ndim(req_pool_indices, "req_pool_indices", 1);
+  const int64_t batch = req_pool_indices.size(0);
+  chk::check_range(batch, "batch size", 0, kMaxRaggedId);
+  check_index_vector(req_pool_indices, "req_pool_indices", batch, dev);
+  check_index_vector(seq_lens, "seq_lens", batch, dev);
+  check_index_vector(extend_lens, "extend_lens", batch, dev);
+  chk::check_tensor(workspace, "workspace", chk::kInt64, {prefill_workspace_size(batch)}, dev);
+  return {dev, rows, rows, batch};
+}
+
+// Fill the fields every decode / stage-1 / device-planner argument struct has.
+template <typename Args>
+void fill_decode(Args& a, const Rows& r, const TensorView& out, const TensorView& rids,
+                 const TensorView& seq_lens) {
+  a.out = static_cast<DecodePlan*>(out.data_ptr());
+  a.req_pool_indices = static_cast<const int64_t*>(rids.data_ptr());
+  a.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
+  a.batch = r.batch;
+}
+
+template <typename Args>
+void fill_stage1(Args& a, const Rows& r, const TensorView& plan_c, const TensorView& plan_w,
+                 int64_t num_c, int64_t num_w, const TensorView& rids) {
+  a.plan_c = static_cast<CompressPlan*>(plan_c.data_ptr());
+  a.plan_w = static_cast<std::remove_pointer_t<decltype(a.plan_w)>*>(plan_w.data_ptr());
+  a.rows_c = r.rows;
+  a.num_c = num_c;
+  a.rows_w = r.rows_w;
+  a.num_w = num_w;
+  a.req_pool_indices = static_cast<const int64_t*>(rids.data_ptr());
+  a.batch = r.batch;
+}
+
+template <typename Args>
+void fill_device(Args& a, const Rows& r, const TensorView& plan_c, const TensorView& plan_w,
+                 const TensorView& workspace, const TensorView& rids, const TensorView& seq_lens,
+                 const TensorView& extend_lens) {
+  a.plan_c = static_cast<CompressPlan*>(plan_c.data_ptr());
+  a.plan_w = static_cast<std::remove_pointer_t<decltype(a.plan_w)>*>(plan_w.data_ptr());
+  a.num_rows = r.rows;
+  a.workspace = static_cast<int64_t*>(workspace.data_ptr());
+  a.req_pool_indices = static_cast<const int64_t*>(rids.data_ptr());
+  a.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
+  a.extend_lens = static_cast<const int64_t*>(extend_lens.data_ptr());
+  a.batch = r.batch;
+}
+
+template <typename Args>
+void launch(gpuError_t (*launcher)(const Args&, gpuStream_t), const Args& args, DLDevice dev) {
+  chk::GpuDeviceGuard guard(dev.device_id);
+  FC_CHECK_GPU_ERROR(launcher(args, stream_of(dev)));
+}
+
 // The exports of one variant; defined for kOnline = false and kOnline = true below.
-template <int kRatio, bool kOnline, DLDeviceType kDevice, auto kLaunchDecode,
-          auto kLaunchPrefillStage1, auto kLaunchPrefillDevice>
+template <int kRatio, bool kOnline>
 struct PlanBinding;
 
-// ------------------------------------------------------------------------------------------
-// Regular variants (ratio 4 or 128; paged or request-ring state addressing)
-// ------------------------------------------------------------------------------------------
-
-template <int kRatio, DLDeviceType kDevice, auto kLaunchDecode, auto kLaunchPrefillStage1,
-          auto kLaunchPrefillDevice>
-struct PlanBinding<kRatio, false, kDevice, kLaunchDecode, kLaunchPrefillStage1,
-                   kLaunchPrefillDevice> {
-  static_assert(kRatio == 4 || kRatio == 128, "compress ratio must be 4 or 128");
-  static_assert(kDevice == kGpuDeviceType,
-                "device type must be kDLCUDA for CUDA builds and kDLROCM for HIP builds");
-  static_assert(std::is_same_v<decltype(kLaunchDecode), Launcher<DecodeArgs>>,
-                "launch_decode must be gpuError_t (const DecodeArgs&, gpuStream_t)");
-  static_assert(std::is_same_v<decltype(kLaunchPrefillStage1), Launcher<PrefillStage1Args>>,
-                "launch_prefill_stage1 must be gpuError_t "
-                "(const PrefillStage1Args&, gpuStream_t)");
-  static_assert(std::is_same_v<decltype(kLaunchPrefillDevice), Launcher<PrefillDeviceArgs>>,
-                "launch_prefill_device must be gpuError_t "
-                "(const PrefillDeviceArgs&, gpuStream_t)");
+// Regular variants (ratio 4 or 128; paged or request-ring state addressing).
+template <int kRatio>
+struct PlanBinding<kRatio, false> {
+  using Launch = PlanLaunch<kRatio, false>;
 
   static void decode(TensorView out, TensorView req_pool_indices, TensorView req_to_token,
                      TensorView full_to_state, TensorView seq_lens, int64_t swa_page_size,
                      int64_t ring_size, bool use_req_ring) {
-    const DLDevice dev = output_device(out, "out", kDevice);
-    const int64_t batch = check_plan_rows(out, "out", kDecodePlanBytes, dev);
-    check_index_vector(req_pool_indices, "req_pool_indices", batch, dev);
-    check_index_vector(seq_lens, "seq_lens", batch, dev);
+    const Rows r = decode_common(out, req_pool_indices, seq_lens);
     DecodeArgs args{};
     args.addr = make_addressing<kRatio>(req_to_token, full_to_state, swa_page_size, ring_size,
-                                        use_req_ring, dev);
-    if (batch == 0) return;
-    args.out = static_cast<DecodePlan*>(out.data_ptr());
-    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
-    args.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
-    args.batch = batch;
-    chk::GpuDeviceGuard guard(dev.device_id);
-    FC_CHECK_GPU_ERROR(kLaunchDecode(args, stream_of(dev)));
+                                        use_req_ring, r.dev);
+    if (r.batch == 0) return;
+    fill_decode(args, r, out, req_pool_indices, seq_lens);
+    launch(&Launch::decode, args, r.dev);
   }
 
   static void prefill_stage1(TensorView plan_c, TensorView plan_w, int64_t num_c, int64_t num_w,
                              TensorView req_pool_indices, TensorView req_to_token,
                              TensorView full_to_state, int64_t swa_page_size, int64_t ring_size,
                              bool use_req_ring) {
-    const DLDevice dev = output_device(plan_c, "plan_c", kDevice);
-    const int64_t rows_c = check_plan_rows(plan_c, "plan_c", kCompressPlanBytes, dev);
-    const int64_t rows_w = check_plan_rows(plan_w, "plan_w", kWritePlanBytes, dev);
-    chk::check_range(num_c, "num_c", 0, rows_c);
-    chk::check_range(num_w, "num_w", 0, rows_w);
-    chk::check_dtype(req_pool_indices, "req_pool_indices", chk::kInt64);
-    chk::check_ndim(req_pool_indices, "req_pool_indices", 1);
-    chk::check_contiguous(req_pool_indices, "req_pool_indices");
-    chk::check_same_device(req_pool_indices, "req_pool_indices", dev);
+    const Rows r = stage1_common(plan_c, plan_w, num_c, num_w, req_pool_indices, kWritePlanBytes);
     PrefillStage1Args args{};
     args.addr = make_addressing<kRatio>(req_to_token, full_to_state, swa_page_size, ring_size,
-                                        use_req_ring, dev);
-    if (rows_c == 0 && rows_w == 0) return;
-    args.plan_c = static_cast<CompressPlan*>(plan_c.data_ptr());
-    args.plan_w = static_cast<WritePlan*>(plan_w.data_ptr());
-    args.rows_c = rows_c;
-    args.num_c = num_c;
-    args.rows_w = rows_w;
-    args.num_w = num_w;
-    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
-    args.batch = req_pool_indices.size(0);
-    chk::GpuDeviceGuard guard(dev.device_id);
-    FC_CHECK_GPU_ERROR(kLaunchPrefillStage1(args, stream_of(dev)));
+                                        use_req_ring, r.dev);
+    if (r.rows == 0 && r.rows_w == 0) return;
+    fill_stage1(args, r, plan_c, plan_w, num_c, num_w, req_pool_indices);
+    launch(&Launch::prefill_stage1, args, r.dev);
   }
 
   static void prefill_device(TensorView plan_c, TensorView plan_w, TensorView workspace,
@@ -254,133 +309,58 @@ struct PlanBinding<kRatio, false, kDevice, kLaunchDecode, kLaunchPrefillStage1,
                              TensorView extend_lens, TensorView req_to_token,
                              TensorView full_to_state, int64_t swa_page_size, int64_t ring_size,
                              bool use_req_ring) {
-    const DLDevice dev = output_device(plan_c, "plan_c", kDevice);
-    const int64_t rows = check_plan_rows(plan_c, "plan_c", kCompressPlanBytes, dev);
-    chk::check_range(rows, "num_q_tokens (plan_c.shape[0])", 0, kMaxRaggedId);
-    chk::check_tensor(plan_w, "plan_w", chk::kUInt8, {rows, kWritePlanBytes}, dev);
-    chk::check_aligned(plan_w, "plan_w", kWritePlanBytes);
-    chk::check_dtype(req_pool_indices, "req_pool_indices", chk::kInt64);
-    chk::check_ndim(req_pool_indices, "req_pool_indices", 1);
-    const int64_t batch = req_pool_indices.size(0);
-    chk::check_range(batch, "batch size", 0, kMaxRaggedId);
-    check_index_vector(req_pool_indices, "req_pool_indices", batch, dev);
-    check_index_vector(seq_lens, "seq_lens", batch, dev);
-    check_index_vector(extend_lens, "extend_lens", batch, dev);
-    chk::check_tensor(workspace, "workspace", chk::kInt64, {prefill_workspace_size(batch)}, dev);
+    const Rows r = device_common(plan_c, plan_w, workspace, req_pool_indices, seq_lens,
+                                 extend_lens, kWritePlanBytes);
     PrefillDeviceArgs args{};
     args.addr = make_addressing<kRatio>(req_to_token, full_to_state, swa_page_size, ring_size,
-                                        use_req_ring, dev);
-    if (rows == 0) return;
-    args.plan_c = static_cast<CompressPlan*>(plan_c.data_ptr());
-    args.plan_w = static_cast<WritePlan*>(plan_w.data_ptr());
-    args.num_rows = rows;
-    args.workspace = static_cast<int64_t*>(workspace.data_ptr());
-    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
-    args.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
-    args.extend_lens = static_cast<const int64_t*>(extend_lens.data_ptr());
-    args.batch = batch;
-    chk::GpuDeviceGuard guard(dev.device_id);
-    FC_CHECK_GPU_ERROR(kLaunchPrefillDevice(args, stream_of(dev)));
+                                        use_req_ring, r.dev);
+    if (r.rows == 0) return;
+    fill_device(args, r, plan_c, plan_w, workspace, req_pool_indices, seq_lens, extend_lens);
+    launch(&Launch::prefill_device, args, r.dev);
   }
 
   static tvm::ffi::String layout_info() { return layout_json<kRatio, false>(); }
 };
 
-// ------------------------------------------------------------------------------------------
-// Online C128 variant (state slots rid + state_slot_offset; no addressing tables)
-// ------------------------------------------------------------------------------------------
-
-template <int kRatio, DLDeviceType kDevice, auto kLaunchDecode, auto kLaunchPrefillStage1,
-          auto kLaunchPrefillDevice>
-struct PlanBinding<kRatio, true, kDevice, kLaunchDecode, kLaunchPrefillStage1,
-                   kLaunchPrefillDevice> {
-  static_assert(kRatio == 128, "online compression exists only for ratio 128");
-  static_assert(kDevice == kGpuDeviceType,
-                "device type must be kDLCUDA for CUDA builds and kDLROCM for HIP builds");
-  static_assert(std::is_same_v<decltype(kLaunchDecode), Launcher<OnlineDecodeArgs>>,
-                "launch_decode must be gpuError_t (const OnlineDecodeArgs&, gpuStream_t)");
-  static_assert(
-      std::is_same_v<decltype(kLaunchPrefillStage1), Launcher<OnlinePrefillStage1Args>>,
-      "launch_prefill_stage1 must be gpuError_t (const OnlinePrefillStage1Args&, gpuStream_t)");
-  static_assert(
-      std::is_same_v<decltype(kLaunchPrefillDevice), Launcher<OnlinePrefillDeviceArgs>>,
-      "launch_prefill_device must be gpuError_t (const OnlinePrefillDeviceArgs&, gpuStream_t)");
+// Online C128 variant (state slots rid + state_slot_offset; no addressing tables).
+template <int kRatio>
+struct PlanBinding<kRatio, true> {
+  using Launch = PlanLaunch<kRatio, true>;
 
   static void decode(TensorView out, TensorView req_pool_indices, TensorView seq_lens,
                      int64_t state_slot_offset) {
-    const DLDevice dev = output_device(out, "out", kDevice);
-    const int64_t batch = check_plan_rows(out, "out", kDecodePlanBytes, dev);
-    check_index_vector(req_pool_indices, "req_pool_indices", batch, dev);
-    check_index_vector(seq_lens, "seq_lens", batch, dev);
+    const Rows r = decode_common(out, req_pool_indices, seq_lens);
     chk::check_range(state_slot_offset, "state_slot_offset", 0, kInt32Max);
-    if (batch == 0) return;
+    if (r.batch == 0) return;
     OnlineDecodeArgs args{};
-    args.out = static_cast<DecodePlan*>(out.data_ptr());
-    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
-    args.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
-    args.batch = batch;
+    fill_decode(args, r, out, req_pool_indices, seq_lens);
     args.state_slot_offset = state_slot_offset;
-    chk::GpuDeviceGuard guard(dev.device_id);
-    FC_CHECK_GPU_ERROR(kLaunchDecode(args, stream_of(dev)));
+    launch(&Launch::decode, args, r.dev);
   }
 
   static void prefill_stage1(TensorView plan_c, TensorView plan_w, int64_t num_c, int64_t num_w,
                              TensorView req_pool_indices, int64_t state_slot_offset) {
-    const DLDevice dev = output_device(plan_c, "plan_c", kDevice);
-    const int64_t rows_c = check_plan_rows(plan_c, "plan_c", kCompressPlanBytes, dev);
-    const int64_t rows_w = check_plan_rows(plan_w, "plan_w", kCompressPlanBytes, dev);
-    chk::check_range(num_c, "num_c", 0, rows_c);
-    chk::check_range(num_w, "num_w", 0, rows_w);
-    chk::check_dtype(req_pool_indices, "req_pool_indices", chk::kInt64);
-    chk::check_ndim(req_pool_indices, "req_pool_indices", 1);
-    chk::check_contiguous(req_pool_indices, "req_pool_indices");
-    chk::check_same_device(req_pool_indices, "req_pool_indices", dev);
+    const Rows r = stage1_common(plan_c, plan_w, num_c, num_w, req_pool_indices,
+                                 kCompressPlanBytes);
     chk::check_range(state_slot_offset, "state_slot_offset", 0, kInt32Max);
-    if (rows_c == 0 && rows_w == 0) return;
+    if (r.rows == 0 && r.rows_w == 0) return;
     OnlinePrefillStage1Args args{};
-    args.plan_c = static_cast<CompressPlan*>(plan_c.data_ptr());
-    args.plan_w = static_cast<CompressPlan*>(plan_w.data_ptr());
-    args.rows_c = rows_c;
-    args.num_c = num_c;
-    args.rows_w = rows_w;
-    args.num_w = num_w;
-    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
-    args.batch = req_pool_indices.size(0);
+    fill_stage1(args, r, plan_c, plan_w, num_c, num_w, req_pool_indices);
     args.state_slot_offset = state_slot_offset;
-    chk::GpuDeviceGuard guard(dev.device_id);
-    FC_CHECK_GPU_ERROR(kLaunchPrefillStage1(args, stream_of(dev)));
+    launch(&Launch::prefill_stage1, args, r.dev);
   }
 
   static void prefill_device(TensorView plan_c, TensorView plan_w, TensorView workspace,
                              TensorView req_pool_indices, TensorView seq_lens,
                              TensorView extend_lens, int64_t state_slot_offset) {
-    const DLDevice dev = output_device(plan_c, "plan_c", kDevice);
-    const int64_t rows = check_plan_rows(plan_c, "plan_c", kCompressPlanBytes, dev);
-    chk::check_range(rows, "num_q_tokens (plan_c.shape[0])", 0, kMaxRaggedId);
-    chk::check_tensor(plan_w, "plan_w", chk::kUInt8, {rows, kCompressPlanBytes}, dev);
-    chk::check_aligned(plan_w, "plan_w", kCompressPlanBytes);
-    chk::check_dtype(req_pool_indices, "req_pool_indices", chk::kInt64);
-    chk::check_ndim(req_pool_indices, "req_pool_indices", 1);
-    const int64_t batch = req_pool_indices.size(0);
-    chk::check_range(batch, "batch size", 0, kMaxRaggedId);
-    check_index_vector(req_pool_indices, "req_pool_indices", batch, dev);
-    check_index_vector(seq_lens, "seq_lens", batch, dev);
-    check_index_vector(extend_lens, "extend_lens", batch, dev);
-    chk::check_tensor(workspace, "workspace", chk::kInt64, {prefill_workspace_size(batch)}, dev);
+    const Rows r = device_common(plan_c, plan_w, workspace, req_pool_indices, seq_lens,
+                                 extend_lens, kCompressPlanBytes);
     chk::check_range(state_slot_offset, "state_slot_offset", 0, kInt32Max);
-    if (rows == 0) return;
+    if (r.rows == 0) return;
     OnlinePrefillDeviceArgs args{};
-    args.plan_c = static_cast<CompressPlan*>(plan_c.data_ptr());
-    args.plan_w = static_cast<CompressPlan*>(plan_w.data_ptr());
-    args.num_rows = rows;
-    args.workspace = static_cast<int64_t*>(workspace.data_ptr());
-    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
-    args.seq_lens = static_cast<const int64_t*>(seq_lens.data_ptr());
-    args.extend_lens = static_cast<const int64_t*>(extend_lens.data_ptr());
-    args.batch = batch;
+    fill_device(args, r, plan_c, plan_w, workspace, req_pool_indices, seq_lens, extend_lens);
     args.state_slot_offset = state_slot_offset;
-    chk::GpuDeviceGuard guard(dev.device_id);
-    FC_CHECK_GPU_ERROR(kLaunchPrefillDevice(args, stream_of(dev)));
+    launch(&Launch::prefill_device, args, r.dev);
   }
 
   static tvm::ffi::String layout_info() { return layout_json<kRatio, true>(); }

@@ -38,12 +38,16 @@
 //
 // Every per-row computation is a __host__ __device__ function taking the row index, so that a
 // host program can run exactly this code on the CPU (tests/native/plan_host_emulator.cu).
+//
+// The end of the file defines PlanLaunch<kRatio, kOnline> (declared in plan_launch.h), which a
+// variant's kernel TU instantiates explicitly.
 #pragma once
 
 #include <cstdint>
 
 #include "gpu_runtime.h"
 #include "plan.cuh"
+#include "plan_launch.h"
 
 namespace flashcompress {
 namespace plan {
@@ -558,4 +562,26 @@ gpuError_t launch_online_prefill_device(const OnlinePrefillDeviceArgs& a, gpuStr
 }
 
 }  // namespace plan
+
+// PlanLaunch (plan_launch.h): a variant's kernel TU instantiates it for its (ratio, online).
+template <int kRatio, bool kOnline>
+gpuError_t PlanLaunch<kRatio, kOnline>::decode(const typename Args::Decode& a, gpuStream_t s) {
+  if constexpr (kOnline) return plan::launch_online_decode<kRatio>(a, s);
+  else return plan::launch_decode<kRatio>(a, s);
+}
+
+template <int kRatio, bool kOnline>
+gpuError_t PlanLaunch<kRatio, kOnline>::prefill_stage1(const typename Args::Stage1& a,
+                                                       gpuStream_t s) {
+  if constexpr (kOnline) return plan::launch_online_prefill_stage1<kRatio>(a, s);
+  else return plan::launch_prefill_stage1<kRatio>(a, s);
+}
+
+template <int kRatio, bool kOnline>
+gpuError_t PlanLaunch<kRatio, kOnline>::prefill_device(const typename Args::Device& a,
+                                                       gpuStream_t s) {
+  if constexpr (kOnline) return plan::launch_online_prefill_device<kRatio>(a, s);
+  else return plan::launch_prefill_device<kRatio>(a, s);
+}
+
 }  // namespace flashcompress

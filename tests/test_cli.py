@@ -75,7 +75,7 @@ def test_prewarm_dry_run_model_flash_lists_plan_variants(private_env: dict[str, 
 
 
 def test_prewarm_list_model_and_all(private_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli("prewarm", "--list", "--import", "flashcompress.jit.selftest", "--model", "deepseek-v4-pro",
+    code, out, _ = run_cli("prewarm", "--list", "--import", "flashcompress.testing.selftest", "--model", "deepseek-v4-pro",
                            capsys=capsys)
     assert code == 0
     listed = out.splitlines()[:-1]
@@ -97,7 +97,7 @@ def test_prewarm_list_model_and_all(private_env: dict[str, str], capsys: pytest.
     ((), "give variant specs"),
     (("nosuchfamily:x=1",), "unknown JIT kernel family"),
     (("--model", "llama-3"), "unknown model"),
-    (("--import", "flashcompress.jit.selftest", "selftest:value=1"), "missing parameter 'block'"),
+    (("--import", "flashcompress.testing.selftest", "selftest:value=1"), "missing parameter 'block'"),
 ])
 def test_prewarm_usage_errors(private_env: dict[str, str], capsys: pytest.CaptureFixture[str],
                               argv: tuple[str, ...], message: str) -> None:
@@ -112,7 +112,7 @@ def test_prewarm_usage_errors(private_env: dict[str, str], capsys: pytest.Captur
 @pytest.mark.nvcc
 def test_prewarm_builds_then_second_run_compiles_nothing(jit_env: dict[str, str],
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["prewarm", "-j", "2", "--import", "flashcompress.jit.selftest", "selftest:value=3,block=128",
+    argv = ["prewarm", "-j", "2", "--import", "flashcompress.testing.selftest", "selftest:value=3,block=128",
             "selftest:value=41,block=64"]
     expected = {"selftest(block=128, value=3) @ cuda:9.0a", "selftest(block=64, value=41) @ cuda:9.0a"}
     if plan_family_missing() is None:
@@ -139,7 +139,7 @@ def test_prewarm_builds_then_second_run_compiles_nothing(jit_env: dict[str, str]
 @pytest.mark.nvcc
 def test_prewarm_failure_exits_nonzero_with_first_error(jit_env: dict[str, str],
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_cli("prewarm", "--import", "flashcompress.jit.selftest", "selftest:value=5,block=100",
+    code, out, _ = run_cli("prewarm", "--import", "flashcompress.testing.selftest", "selftest:value=5,block=100",
                            "selftest:value=3,block=128", capsys=capsys)
     assert code == 1
     assert "FAILED selftest(block=100, value=5) @ cuda:9.0a" in out
@@ -223,7 +223,7 @@ def test_jobs_capped_by_memory(private_env: dict[str, str], monkeypatch: pytest.
 @pytest.mark.nvcc
 def test_prewarm_on_a_tty_with_capped_jobs(jit_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["prewarm", "-j", "6", "--import", "flashcompress.jit.selftest", "selftest:value=3,block=128"]
+    argv = ["prewarm", "-j", "6", "--import", "flashcompress.testing.selftest", "selftest:value=3,block=128"]
     run_cli(*argv, capsys=capsys)  # cached afterwards
     monkeypatch.setattr(cache, "available_memory_bytes", lambda: 3 * cache.GIB)
     tty = FakeTTY()
@@ -349,12 +349,12 @@ def test_bad_setting_is_a_clean_error(private_env: dict[str, str], monkeypatch: 
 def test_demo_forwards_arguments_or_reports_absence(private_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     seen: list[list[str]] = []
-    fake = types.ModuleType("flashcompress.demo")
+    fake = types.ModuleType("flashcompress.testing.demo")
     fake.main = lambda argv: seen.append(argv) or 0  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "flashcompress.demo", fake)
+    monkeypatch.setitem(sys.modules, "flashcompress.testing.demo", fake)
     code, _, _ = run_cli("demo", "--steps", "3", capsys=capsys)
     assert code == 0 and seen == [["--steps", "3"]]
-    monkeypatch.setitem(sys.modules, "flashcompress.demo", None)  # import now fails
+    monkeypatch.setitem(sys.modules, "flashcompress.testing.demo", None)  # import now fails
     code, _, err = run_cli("demo", capsys=capsys)
     assert code == 2 and "not available" in err
 

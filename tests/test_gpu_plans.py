@@ -34,7 +34,7 @@ POISON = 0xAB
 
 @pytest.fixture(scope="module")
 def pb():
-    from flashcompress.cuda_ops import plan_builder
+    from flashcompress.cuda_ops import plans as plan_builder
 
     return plan_builder
 
@@ -157,7 +157,7 @@ def test_online_prefill_host_stage0_matches_torch(pb, world, world_dev, offset, 
         plan_w = torch.full((rows, 16), POISON, dtype=torch.uint8, device=DEV)
         plan_c[: c0.shape[0]] = c0.to(DEV)
         plan_w[: w0.shape[0]] = w0.to(DEV)
-        pb.online_prefill_stage1(plan_c, plan_w, *cuda(rids), offset, num_c=c0.shape[0], num_w=w0.shape[0])
+        pb.online_prefill_stage1_both(plan_c, plan_w, *cuda(rids), offset, num_c=c0.shape[0], num_w=w0.shape[0])
         want_c, want_w = tp.online_prefill_plan(seq, ext, rids, rows, True, offset)
         assert_plan_bytes(plan_c, want_c, f"online stage1 plan_c trial {trial}")
         assert_plan_bytes(plan_w, want_w, f"online stage1 plan_w trial {trial}")
@@ -252,7 +252,7 @@ def test_empty_batches(pb, world, world_dev) -> None:
     z16 = torch.empty((0, 16), dtype=torch.uint8, device=DEV)
     z8 = torch.empty((0, 8), dtype=torch.uint8, device=DEV)
     pb.prefill_stage1(4, z16, z8, empty, *world_dev, 256, 8, False)
-    pb.online_prefill_stage1(z16, z16.clone(), empty, 0)
+    pb.online_prefill_stage1_both(z16, z16.clone(), empty, 0)
     # B = 0 with padded rows: every row is a sentinel
     c, w = pb.prefill_plan_device(128, empty, empty, empty, *world_dev, 256, 128, 5, False)
     assert_plan_bytes(c, pad_rows(z16.cpu(), 5, INVALID_COMPRESS_ROW), "B=0 plan_c")
@@ -323,7 +323,7 @@ def test_batch_ids_near_65535(pb) -> None:
         assert_plan_bytes(got_w, want_w, f"{mode_id(mode)} device plan_w")
     c0, w0 = tp.online_prefill_stage0(seq, ext)
     c, w = c0.to(DEV), w0.to(DEV)
-    pb.online_prefill_stage1(c, w, *cuda(rids), 9)
+    pb.online_prefill_stage1_both(c, w, *cuda(rids), 9)
     want_c, want_w = tp.online_prefill_plan(seq, ext, rids, batch, False, 9)
     assert_plan_bytes(c, want_c, "online stage1 plan_c")
     assert_plan_bytes(w, want_w, "online stage1 plan_w")
@@ -472,7 +472,7 @@ def test_golden_vectors(pb, relpath) -> None:
         plan_c[: c0.shape[0]] = c0.to(DEV)
         plan_w[: w0.shape[0]] = w0.to(DEV)
         if online:
-            pb.online_prefill_stage1(plan_c, plan_w, *cuda(rids), g("state_slot_offset"), num_c=c0.shape[0],
+            pb.online_prefill_stage1_both(plan_c, plan_w, *cuda(rids), g("state_slot_offset"), num_c=c0.shape[0],
                                      num_w=w0.shape[0])
             dev_c, dev_w = pb.online_prefill_plan_device(*cuda(rids, seq, ext), num_q, g("state_slot_offset"))
         else:

@@ -509,7 +509,7 @@ def test_offline_mode(jit_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) 
     message = str(info.value)
     assert "selftest(block=128, value=999) @ cuda:9.0a" in message
     assert "FLASHCOMPRESS_OFFLINE=1" in message
-    assert ("flashcompress prewarm --import flashcompress.jit.selftest --arch cuda:9.0a "
+    assert ("flashcompress prewarm --import flashcompress.testing.selftest --arch cuda:9.0a "
             "'selftest:block=128,value=999'") in message
     assert build.build_counter() == builds
 
@@ -563,7 +563,7 @@ def test_prewarmed_cache_loads_without_the_toolchain(jit_env: dict[str, str], mo
     assert err.compilers == ["nvcc"]
     assert "selftest(block=128, value=998) @ cuda:9.0a" in message
     assert "no compiler was found" in message and "/nonexistent/bin/nvcc" in message
-    assert ("flashcompress prewarm --import flashcompress.jit.selftest --arch cuda:9.0a "
+    assert ("flashcompress prewarm --import flashcompress.testing.selftest --arch cuda:9.0a "
             "'selftest:block=128,value=998'") in message
     assert "FLASHCOMPRESS_BACKEND=torch" in message
     assert build.build_counter() == builds
@@ -871,6 +871,6 @@ def test_gpu_prewarm_warm_launch(jit_env: dict[str, str], capsys: pytest.Capture
     from flashcompress import cli
 
     engine.clear_memo()
-    code = cli.main(["prewarm", "--import", "flashcompress.jit.selftest", "selftest:value=3,block=128"])
+    code = cli.main(["prewarm", "--import", "flashcompress.testing.selftest", "selftest:value=3,block=128"])
     out = capsys.readouterr().out
     assert code == 0 and "warm-launched 1 variant(s) on the GPU" in out

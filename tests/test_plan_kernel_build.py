@@ -55,7 +55,7 @@ def jit_env(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatc
 
 
 def test_plan_family_registration() -> None:
-    from flashcompress.cuda_ops import plan_builder
+    from flashcompress.cuda_ops import plans as plan_builder
     from flashcompress.jit import get_family
 
     fam = get_family("plan")
@@ -74,22 +74,27 @@ def test_plan_family_registration() -> None:
 @pytest.mark.parametrize("params", EXPECTED_VARIANTS, ids=lambda p: f"r{p['ratio']}_online{int(p['online'])}")
 def test_rendered_sources_are_thin(jit_env, params) -> None:
     from flashcompress.jit import VariantKey, get_family
-    from flashcompress.jit.render import render_sources
+    from flashcompress.jit.render import render_sources, template_dir
 
     key = VariantKey.make("plan", target="cuda:9.0a", **params)
     src = render_sources(key, get_family("plan"))
     kernel, binding = src["kernel.cu"], src["binding.cpp"]
-    assert f"namespace {key.module_name} {{" in kernel and f"namespace {key.module_name} {{" in binding
+    online = "true" if params["online"] else "false"
+    # The kernel TU is one explicit instantiation of the launch struct (jit_kernel/plan_launch.h).
+    assert f"template struct flashcompress::PlanLaunch<{params['ratio']}, {online}>;" in kernel
+    assert len([line for line in kernel.splitlines() if line.strip()]) <= 4
     assert "tvm/ffi" not in kernel, "kernel.cu must stay free of tvm-ffi headers (nvcc compile time)"
-    assert f"constexpr int kRatio = {params['ratio']};" in kernel
     assert "__global__" not in kernel, "kernel bodies belong in jit_kernel/plan_builder.cuh"
+    assert f"PlanBinding<{params['ratio']}, {online}>" in binding
     for name in ("decode", "prefill_stage1", "prefill_device", "layout_info"):
-        assert f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {key.module_name}::{name});" in binding
+        assert f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {key.module_name}::Binding::{name});" in binding
+    for template in ("plan_kernel.cu.j2", "plan_binding.cpp.j2"):  # no regular/online split in the templates
+        assert "{% if" not in (template_dir() / template).read_text()
 
 
 @requires_nvcc
 def test_plan_variants_build_load_and_match_layouts(jit_env) -> None:
-    from flashcompress.cuda_ops import plan_builder
+    from flashcompress.cuda_ops import plans as plan_builder
     from flashcompress.jit import VariantKey, acquire, engine
 
     for params in EXPECTED_VARIANTS:
@@ -118,7 +123,7 @@ def test_plan_variants_build_load_and_match_layouts(jit_env) -> None:
 @requires_nvcc
 def test_binding_rejects_host_tensors(jit_env) -> None:
     """Argument checks run before anything touches a GPU, so they work here too."""
-    from flashcompress.cuda_ops import plan_builder
+    from flashcompress.cuda_ops import plans as plan_builder
 
     mod = plan_builder._module(4, False)
     z = torch.zeros(2, dtype=torch.int64)

@@ -1,7 +1,7 @@
 """Property tests: random engine schedules checked against the float64 model.
 
 The model (``flashcompress.oracle``) is written from ``shared/spec/model-math.md`` and the
-cache byte formats, independently of the backends.  ``flashcompress.simulator`` drives
+cache byte formats, independently of the backends.  ``flashcompress.testing.simulator`` drives
 the public API the way an engine does (plans -> compress_forward ->
 compress_norm_rope_store) over random batches: every request's sequence is split at
 random into prefill chunks, decode steps and (speculative rings) partly rejected
@@ -38,8 +38,8 @@ import torch
 
 import flashcompress
 from flashcompress import layouts as L
-from flashcompress import oracle as O
-from flashcompress import simulator as S
+from flashcompress.testing import oracle as O
+from flashcompress.testing import simulator as S
 
 
 def _seeds() -> list[int]:

@@ -312,9 +312,9 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     import importlib
 
     try:
-        demo = importlib.import_module("flashcompress.demo")
+        demo = importlib.import_module("flashcompress.testing.demo")
     except ModuleNotFoundError as exc:
-        if exc.name != "flashcompress.demo":
+        if exc.name != "flashcompress.testing.demo":
             raise
         print("flashcompress demo: not available in this build (flashcompress.demo is missing)", file=sys.stderr)
         return 2

@@ -6,6 +6,8 @@ CPU tensors or when ``FLASHCOMPRESS_BACKEND=torch``, else ``cuda_ops.ops``
 (the JIT kernels).  Both modules have the same functions with the same
 signatures (``compress_forward``, ``compress_norm_rope_store``,
 ``compress_and_store``), so the API layer never branches on the backend again.
+``plans_backend(device)`` does the same for the plan builders (``torch_backend.plans``
+or ``cuda_ops.plans``), for ``flashcompress.plans``.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import torch
 
 from .jit.settings import jit_enabled_for
 from .torch_backend import ops as _torch_ops
+from .torch_backend import plans as _torch_plans
 
 _cuda_ops: ModuleType | None = None
+_cuda_plans: ModuleType | None = None
 
 
 def ops_backend(device: torch.device) -> ModuleType:
@@ -32,10 +36,14 @@ def ops_backend(device: torch.device) -> ModuleType:
     return _cuda_ops
 
 
-# Op families that have JIT kernels (plan builders; compress / store / fused run through ops_backend).
-JIT_FAMILIES: frozenset[str] = frozenset({"plan"})
+def plans_backend(device: torch.device) -> ModuleType:
+    """The plan-builder module for tensors on ``device``: ``torch_backend.plans`` or ``cuda_ops.plans``
+    (same planner functions and signatures; ``cuda_ops.plans`` is imported on first GPU use)."""
+    global _cuda_plans
+    if not jit_enabled_for(device):
+        return _torch_plans
+    if _cuda_plans is None:
+        from .cuda_ops import plans as cuda_plans
 
-
-def use_jit(device: torch.device, family: str) -> bool:
-    """True when a call on ``device`` for ``family`` should launch a JIT kernel."""
-    return family in JIT_FAMILIES and jit_enabled_for(device)
+        _cuda_plans = cuda_plans
+    return _cuda_plans

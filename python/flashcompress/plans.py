@@ -6,8 +6,9 @@ A plan is a tuple ``(compress_ratio, plan_rows...)`` of raw uint8 plan tensors
   CompressorDecodePlan   (ratio, plan_d [B, 16])
   CompressorPrefillPlan  (ratio, plan_c [C, 16], plan_w [W, 8])   online: plan_w [W, 16]
 
-``generate*`` validate their arguments, then build the plan with the PyTorch
-backend (CPU tensors) or the CUDA plan-builder kernels (CUDA tensors).  Both
+``generate*`` validate their arguments, then build the plan with the module
+``dispatch.plans_backend(device)`` returns: ``torch_backend.plans`` (CPU tensors)
+or ``cuda_ops.plans`` (the CUDA plan-builder kernels, same functions).  Both
 produce the same bytes in the same row order (batch-major, position-ascending).
 An empty batch returns empty plans and launches nothing.
 """
@@ -16,14 +17,24 @@ from __future__ import annotations
 
 import torch
 
-from . import dispatch
 from . import validation as V
+from .dispatch import plans_backend
 from .layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES
-from .torch_backend import plans as torch_plans
 
 
 def _empty(rows_bytes: int, device: torch.device) -> torch.Tensor:
     return torch.empty((0, rows_bytes), dtype=torch.uint8, device=device)
+
+
+def check_plan(plan: object, ratio: int | None) -> "CompressorDecodePlan | CompressorPrefillPlan":
+    """A plan object of ours, built for ``ratio`` (any supported ratio when None)."""
+    if not isinstance(plan, _PlanBase):
+        V.fail("plan", "a CompressorDecodePlan or CompressorPrefillPlan", type(plan).__name__, TypeError)
+    if ratio is None:
+        V.check_ratio(plan.compress_ratio)
+    elif plan.compress_ratio != ratio:
+        V.fail("plan", f"a plan built for compress_ratio {ratio}", f"compress_ratio {plan.compress_ratio}")
+    return plan  # type: ignore[return-value]
 
 
 class _PlanBase(tuple):
@@ -91,13 +102,8 @@ class CompressorDecodePlan(_PlanBase):
                                     torch.stack([p1, (p1 - ratio).clamp(min=0)], dim=1))
         if seq.shape[0] == 0:
             return CompressorDecodePlan(ratio, _empty(PLAN_ROW_BYTES, device), is_online=False)
-        args = (ratio, req_pool_indices, req_to_token, full_to_state, seq, swa_page_size, ring_size, use_req_ring)
-        if dispatch.use_jit(device, "plan"):
-            from .cuda_ops import plan_builder
-
-            plan_d = plan_builder.decode_plan(*args)
-        else:
-            plan_d = torch_plans.decode_plan(*args)
+        plan_d = plans_backend(device).decode_plan(ratio, req_pool_indices, req_to_token, full_to_state, seq,
+                                                   swa_page_size, ring_size, use_req_ring)
         return CompressorDecodePlan(ratio, plan_d, is_online=False)
 
     @staticmethod
@@ -113,12 +119,7 @@ class CompressorDecodePlan(_PlanBase):
         V.check_decode_lengths(seq)
         if seq.shape[0] == 0:
             return CompressorDecodePlan(128, _empty(PLAN_ROW_BYTES, device), is_online=True)
-        if dispatch.use_jit(device, "plan"):
-            from .cuda_ops import plan_builder
-
-            plan_d = plan_builder.online_decode_plan(seq, req_pool_indices, state_slot_offset)
-        else:
-            plan_d = torch_plans.online_decode_plan(seq, req_pool_indices, state_slot_offset)
+        plan_d = plans_backend(device).online_decode_plan(seq, req_pool_indices, state_slot_offset)
         return CompressorDecodePlan(128, plan_d, is_online=True)
 
 
@@ -173,24 +174,11 @@ class CompressorPrefillPlan(_PlanBase):
             return CompressorPrefillPlan(
                 ratio, _empty(PLAN_ROW_BYTES, device), _empty(WRITE_ROW_BYTES, device), is_online=False
             )
-        world = (req_to_token, full_to_state, swa_page_size, ring_size)
-        if dispatch.use_jit(device, "plan"):
-            from .cuda_ops import plan_builder
-
-            if host_lengths:
-                plan_c, plan_w = plan_builder.prefill_plan_host_lengths(
-                    ratio, req_pool_indices, seq, ext, *world, num_q_tokens if use_cuda_graph else None, use_req_ring
-                )
-            else:
-                plan_c, plan_w = plan_builder.prefill_plan_device(
-                    ratio, req_pool_indices, seq, ext, *world, num_q_tokens, use_req_ring
-                )
-        else:
-            # Device-resident lengths (the CUDA-graph path) pad both lists to num_q_tokens, as the GPU planner does.
-            plan_c, plan_w = torch_plans.prefill_plan(
-                ratio, req_pool_indices, seq, ext, *world, num_q_tokens,
-                use_cuda_graph or not host_lengths, use_req_ring,
-            )
+        # Device-resident lengths (the CUDA-graph path) pad both lists to num_q_tokens on either backend.
+        plan_c, plan_w = plans_backend(device).prefill_plan(
+            ratio, req_pool_indices, seq, ext, req_to_token, full_to_state, swa_page_size, ring_size, num_q_tokens,
+            use_cuda_graph or not host_lengths, use_req_ring,
+        )
         return CompressorPrefillPlan(ratio, plan_c, plan_w, is_online=False)
 
     @staticmethod
@@ -218,14 +206,12 @@ class CompressorPrefillPlan(_PlanBase):
             return CompressorPrefillPlan(
                 128, _empty(PLAN_ROW_BYTES, device), _empty(PLAN_ROW_BYTES, device), is_online=True
             )
-        if dispatch.use_jit(device, "plan"):
-            from .cuda_ops import plan_builder
-
-            plan_c, plan_w = plan_builder.online_prefill_plan_host_lengths(
-                req_pool_indices, seq, ext, num_q_tokens if use_cuda_graph else None, state_slot_offset
-            )
-        else:
-            plan_c, plan_w = torch_plans.online_prefill_plan(
-                seq, ext, req_pool_indices, num_q_tokens, use_cuda_graph, state_slot_offset
-            )
+        plan_c, plan_w = plans_backend(device).online_prefill_plan(
+            seq, ext, req_pool_indices, num_q_tokens, use_cuda_graph, state_slot_offset
+        )
         return CompressorPrefillPlan(128, plan_c, plan_w, is_online=True)
+
+
+# Transitional: api.py (the lead's file) still calls ``validation.check_plan``; once it imports
+# ``check_plan`` from here, delete this line. (validation no longer imports plans: no cycle.)
+V.check_plan = check_plan  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ Two tiers, to keep the host side of a call near 10 µs:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, NoReturn
+from typing import Callable, NoReturn
 
 import torch
 
@@ -30,9 +30,6 @@ from .layouts import (
     input_width,
     state_width,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .plans import CompressorDecodePlan, CompressorPrefillPlan
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16)
 INT32_MAX = 2**31 - 1
@@ -266,19 +263,6 @@ def check_compress_inputs(
         if tuple(out_t.shape) != (plan_rows, head_dim):
             fail("out", f"shape ({plan_rows}, {head_dim}) (one row per plan row)", f"shape {tuple(out_t.shape)}")
     return inp, ape_t
-
-
-def check_plan(plan: object, ratio: int | None) -> "CompressorDecodePlan | CompressorPrefillPlan":
-    """A plan object of ours, built for ``ratio`` (any supported ratio when None)."""
-    from .plans import CompressorDecodePlan, CompressorPrefillPlan
-
-    if not isinstance(plan, (CompressorDecodePlan, CompressorPrefillPlan)):
-        fail("plan", "a CompressorDecodePlan or CompressorPrefillPlan", type(plan).__name__, TypeError)
-    if ratio is None:
-        check_ratio(plan.compress_ratio)
-    elif plan.compress_ratio != ratio:
-        fail("plan", f"a plan built for compress_ratio {ratio}", f"compress_ratio {plan.compress_ratio}")
-    return plan
 
 
 def check_plan_tensor(arg: str, t: object, row_bytes: int, device: torch.device | None) -> torch.Tensor:

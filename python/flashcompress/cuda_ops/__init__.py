@@ -6,5 +6,5 @@ Python, launched on the caller's current stream).  ``flashcompress.jit``
 imports every submodule here to enumerate families (``prewarm --all``), so this
 package itself stays empty and cheap to import.
 
-  plan_builder   the ``plan`` family: decode / prefill plan builders on the GPU
+  plans   the ``plan`` family: decode / prefill plan builders on the GPU (same functions as torch_backend.plans)
 """

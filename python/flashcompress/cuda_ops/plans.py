@@ -11,15 +11,24 @@ Variants: ``ratio`` in {4, 128} x ``online`` (online only with ratio 128).  Ever
 variant exports ``decode``, ``prefill_stage1``, ``prefill_device`` and ``layout_info``
 (jit_kernel/plan_binding.h lists the signatures).
 
-Launchers::
+The planner entry points have the names and signatures of ``torch_backend.plans``
+(``dispatch.plans_backend`` returns one module or the other)::
 
     decode_plan(ratio, req_pool_indices, req_to_token, full_to_state, seq_lens,
                 swa_page_size, ring_size, use_req_ring)                      -> plan_d [B, 16]
     online_decode_plan(seq_lens, req_pool_indices, state_slot_offset)        -> plan_d [B, 16]
+    prefill_plan(ratio, req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state,
+                 swa_page_size, ring_size, num_q_tokens, use_cuda_graph, use_req_ring)
+                                   -> (plan_c, plan_w)   device lengths: the device planner
+    online_prefill_plan(seq_lens, extend_lens, req_pool_indices, num_q_tokens, use_cuda_graph,
+                        state_slot_offset)                                   -> (plan_c, plan_w)
     prefill_stage1(ratio, plan_c, plan_w, req_pool_indices, req_to_token, full_to_state,
-                   swa_page_size, ring_size, use_req_ring, num_c=, num_w=)   -> None (in place)
-    online_prefill_stage1(plan_c, plan_w, req_pool_indices, state_slot_offset,
-                          num_c=, num_w=)                                    -> None (in place)
+                   swa_page_size, ring_size, use_req_ring, *, num_c=, num_w=) -> (plan_c, plan_w), in place
+
+Kernel-level launchers (tests, benchmarks)::
+
+    online_prefill_stage1_both(plan_c, plan_w, req_pool_indices, state_slot_offset,
+                               *, num_c=, num_w=)                            -> None (in place)
     prefill_plan_device(ratio, req_pool_indices, seq_lens, extend_lens, req_to_token,
                         full_to_state, swa_page_size, ring_size, num_q_tokens,
                         use_req_ring)                       -> (plan_c [N, 16], plan_w [N, 8])
@@ -44,7 +53,10 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch
 
 from ..jit.family import Family, register_family
+from ..jit.models import model_config
 from ..layouts import INVALID_COMPRESS_ROW, INVALID_WRITE_ROW, PLAN_ROW_BYTES, WRITE_ROW_BYTES
+from ..torch_backend import plans as torch_plans
+from ..torch_backend.rows import pad_rows
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..jit.variant import VariantKey
@@ -54,8 +66,10 @@ __all__ = [
     "decode_plan",
     "layout_info",
     "online_decode_plan",
+    "online_prefill_plan",
     "online_prefill_plan_device",
-    "online_prefill_stage1",
+    "online_prefill_stage1_both",
+    "prefill_plan",
     "prefill_plan_device",
     "prefill_stage1",
     "prefill_workspace",
@@ -70,18 +84,12 @@ EXPORTS = ("decode", "prefill_stage1", "prefill_device", "layout_info")
 
 
 def _validate(params: Mapping[str, Any]) -> None:
-    ratio, online = params.get("ratio"), params.get("online")
-    if ratio not in (4, 128) or isinstance(ratio, bool):
-        raise ValueError(f"plan: ratio must be 4 or 128, got {ratio!r}")
-    if not isinstance(online, bool):
-        raise ValueError(f"plan: online must be a bool, got {online!r}")
-    if online and ratio != 128:
-        raise ValueError(f"plan: online=True exists only for ratio 128, got ratio={ratio}")
+    """The one constraint ``space`` cannot express."""
+    if params["online"] and params["ratio"] != 128:
+        raise ValueError(f"plan: online=True exists only for ratio 128, got ratio={params['ratio']}")
 
 
 def _presets(model: str) -> list[dict[str, Any]]:
-    from ..jit.models import model_config
-
     ratios = model_config(model).compress_ratios
     variants: list[dict[str, Any]] = [{"ratio": r, "online": False} for r in ratios]
     if 128 in ratios:
@@ -90,69 +98,27 @@ def _presets(model: str) -> list[dict[str, Any]]:
 
 
 def _warmup(key: "VariantKey") -> None:
-    """Launch every export of ``key`` once on the current GPU and check the bytes.
-
-    Prewarm calls this so that nothing is first-loaded or first-launched during
-    CUDA-graph capture; the comparison with the PyTorch backend doubles as a smoke test.
-    """
+    """Launch every GPU export of ``key`` once on the current GPU (prewarm calls this so that
+    nothing is first-loaded or first-launched during CUDA-graph capture). Byte comparisons
+    against the PyTorch backend live in the tests (tests/test_gpu_plans.py)."""
     from ..jit import load
-    from ..torch_backend import plans as torch_plans
 
-    params = key.param_dict
-    ratio, online = int(params["ratio"]), bool(params["online"])
+    ratio, online = int(key.param_dict["ratio"]), bool(key.param_dict["online"])
     module = load(key)
-    dev = torch.device("cuda", torch.cuda.current_device())
-    i64 = dict(dtype=torch.int64, device=dev)
-    rids = torch.tensor([2, 1], **i64)
-    seq = torch.tensor([300, 9], **i64)
-    ext = torch.tensor([44, 9], **i64)
-    num_q = 53
-    mismatches: list[str] = []
-
-    def expect(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
-        if got.shape != want.shape or not torch.equal(got.cpu(), want.cpu()):
-            mismatches.append(name)
-
+    i64 = dict(dtype=torch.int64, device=torch.device("cuda", torch.cuda.current_device()))
+    rids, seq, ext = torch.tensor([1], **i64), torch.tensor([9], **i64), torch.tensor([9], **i64)
     if online:
-        expect("decode", online_decode_plan(seq, rids, 3, module=module), torch_plans.online_decode_plan(seq, rids, 3))
-        c0, w0 = torch_plans.online_prefill_stage0(seq.cpu(), ext.cpu())
-        c, w = c0.to(dev), w0.to(dev)
-        online_prefill_stage1(c, w, rids, 3, module=module)
-        want_c, want_w = torch_plans.online_prefill_plan(seq.cpu(), ext.cpu(), rids.cpu(), num_q, False, 3)
-        expect("prefill_stage1.plan_c", c, want_c)
-        expect("prefill_stage1.plan_w", w, want_w)
-        got = online_prefill_plan_device(rids, seq, ext, num_q + 3, 3, module=module)
-        want = torch_plans.online_prefill_plan(seq.cpu(), ext.cpu(), rids.cpu(), num_q + 3, True, 3)
-        expect("prefill_device.plan_c", got[0], want[0])
-        expect("prefill_device.plan_w", got[1], want[1])
+        plan_c, plan_w = online_prefill_plan_device(rids, seq, ext, 9, 0, module=module)
+        online_prefill_stage1_both(plan_c, plan_w, rids, 0, module=module)
+        online_decode_plan(seq, rids, 0, module=module)
     else:
         ring = 8 if ratio == 4 else 128
-        use_req_ring = False
-        # A small paged world: request slot s owns full locs s*512 + p, mapped 1:1 to SWA locs.
-        r2t = (torch.arange(3, dtype=torch.int32)[:, None] * 512 + torch.arange(512, dtype=torch.int32)).to(dev)
-        f2s = torch.arange(3 * 512 + 256 + 1, dtype=torch.int64)
-        f2s[-1] = -1
-        f2s = f2s.to(dev)
-        world = (r2t, f2s, 256, ring)
-        world_cpu = (r2t.cpu(), f2s.cpu(), 256, ring)
-        expect("decode", decode_plan(ratio, rids, r2t, f2s, seq, 256, ring, use_req_ring, module=module),
-               torch_plans.decode_plan(ratio, rids.cpu(), *world_cpu[:2], seq.cpu(), 256, ring, use_req_ring))
-        c0, w0 = torch_plans.prefill_stage0(ratio, seq.cpu(), ext.cpu(), 256, ring, use_req_ring)
-        c, w = c0.to(dev), w0.to(dev)
-        prefill_stage1(ratio, c, w, rids, *world, use_req_ring, module=module)
-        want_c, want_w = torch_plans.prefill_plan(ratio, rids.cpu(), seq.cpu(), ext.cpu(), *world_cpu, num_q, False,
-                                                  use_req_ring)
-        expect("prefill_stage1.plan_c", c, want_c)
-        expect("prefill_stage1.plan_w", w, want_w)
-        got = prefill_plan_device(ratio, rids, seq, ext, *world, num_q + 3, use_req_ring, module=module)
-        want = torch_plans.prefill_plan(ratio, rids.cpu(), seq.cpu(), ext.cpu(), *world_cpu, num_q + 3, True,
-                                        use_req_ring)
-        expect("prefill_device.plan_c", got[0], want[0])
-        expect("prefill_device.plan_w", got[1], want[1])
-    torch.cuda.synchronize(dev)
-    if mismatches:
-        raise RuntimeError(f"plan warm launch of {key.describe()}: bytes differ from the PyTorch backend "
-                           f"in {', '.join(mismatches)}")
+        r2t = torch.arange(2 * 16, dtype=torch.int32, device=i64["device"]).view(2, 16)
+        f2s = torch.arange(2 * 16, **i64)
+        plan_c, plan_w = prefill_plan_device(ratio, rids, seq, ext, r2t, f2s, 256, ring, 9, module=module)
+        prefill_stage1(ratio, plan_c, plan_w, rids, r2t, f2s, 256, ring, module=module)
+        decode_plan(ratio, rids, r2t, f2s, seq, 256, ring, module=module)
+    torch.cuda.synchronize()
 
 
 PLAN = register_family(
@@ -255,8 +221,8 @@ def prefill_stage1(
     num_c: int | None = None,
     num_w: int | None = None,
     module: Any = None,
-) -> None:
-    """Stage 1 in place over CPU-built stage-0 rows already on the GPU (spec §4.4).
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 1 in place over stage-0 rows already on the GPU (spec §4.4); returns ``(plan_c, plan_w)``.
 
     Rows ``[0, num_c)`` of ``plan_c`` are stage-0 rows, rows ``[num_c, len)`` padding that
     becomes sentinels (default ``num_c = len``: the caller padded with sentinels already);
@@ -264,16 +230,17 @@ def prefill_stage1(
     """
     rows_c, rows_w = plan_c.shape[0], plan_w.shape[0]
     if rows_c == 0 and rows_w == 0:
-        return
+        return plan_c, plan_w
     r2t, f2s = _world(req_to_token, full_to_state, plan_c.device)
     mod = module if module is not None else _module(ratio, False)
     mod.prefill_stage1(
         plan_c, plan_w, rows_c if num_c is None else int(num_c), rows_w if num_w is None else int(num_w),
         req_pool_indices, r2t, f2s, int(swa_page_size), int(ring_size), bool(use_req_ring),
     )
+    return plan_c, plan_w
 
 
-def online_prefill_stage1(
+def online_prefill_stage1_both(
     plan_c: torch.Tensor,
     plan_w: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -283,7 +250,8 @@ def online_prefill_stage1(
     num_w: int | None = None,
     module: Any = None,
 ) -> None:
-    """Online stage 1 in place (spec §4.6): read_page_0 <- rid + offset, read_page_1 <- rid."""
+    """Online stage 1 in place over both lists in one launch (spec §4.6): read_page_0 <- rid + offset,
+    read_page_1 <- rid. (``torch_backend.plans.online_prefill_stage1`` takes one list.)"""
     rows_c, rows_w = plan_c.shape[0], plan_w.shape[0]
     if rows_c == 0 and rows_w == 0:
         return
@@ -374,7 +342,7 @@ def _to_device_pinned(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
     return rows.pin_memory().to(device, non_blocking=True)
 
 
-def prefill_plan_host_lengths(
+def prefill_plan(
     ratio: int,
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -383,41 +351,44 @@ def prefill_plan_host_lengths(
     full_to_state: torch.Tensor,
     swa_page_size: int,
     ring_size: int,
-    pad_to: int | None,
+    num_q_tokens: int,
+    use_cuda_graph: bool,
     use_req_ring: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eager prefill with host lengths: stage 0 on the CPU (PyTorch backend, exact counts,
-    padded with sentinels to ``pad_to`` for CUDA graphs), async H2D copy, stage-1 kernel."""
-    from ..torch_backend import plans as torch_plans
-    from ..torch_backend.rows import pad_rows
+    """Final CompressPlan / WritePlan rows, as ``torch_backend.plans.prefill_plan``.
 
+    Lengths on the GPU: the device planner (no host sync; both lists ``[num_q_tokens]``, the
+    caller passes ``use_cuda_graph=True``). Lengths on the CPU: stage 0 on the host (exact
+    counts, padded to ``num_q_tokens`` with ``use_cuda_graph``), async H2D copy, stage-1 kernel.
+    """
+    if seq_lens.device.type != "cpu":
+        return prefill_plan_device(ratio, req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state,
+                                   swa_page_size, ring_size, num_q_tokens, use_req_ring)
     device = req_pool_indices.device
     plan_c, plan_w = torch_plans.prefill_stage0(ratio, seq_lens, extend_lens, swa_page_size, ring_size, use_req_ring)
-    if pad_to is not None:
-        plan_c = pad_rows(plan_c, pad_to, INVALID_COMPRESS_ROW)
-        plan_w = pad_rows(plan_w, pad_to, INVALID_WRITE_ROW)
+    if use_cuda_graph:
+        plan_c = pad_rows(plan_c, num_q_tokens, INVALID_COMPRESS_ROW)
+        plan_w = pad_rows(plan_w, num_q_tokens, INVALID_WRITE_ROW)
     plan_c, plan_w = _to_device_pinned(plan_c, device), _to_device_pinned(plan_w, device)
-    prefill_stage1(ratio, plan_c, plan_w, req_pool_indices, req_to_token, full_to_state,
-                   swa_page_size, ring_size, use_req_ring)
-    return plan_c, plan_w
+    return prefill_stage1(ratio, plan_c, plan_w, req_pool_indices, req_to_token, full_to_state,
+                          swa_page_size, ring_size, use_req_ring)
 
 
-def online_prefill_plan_host_lengths(
-    req_pool_indices: torch.Tensor,
+def online_prefill_plan(
     seq_lens: torch.Tensor,
     extend_lens: torch.Tensor,
-    pad_to: int | None,
+    req_pool_indices: torch.Tensor,
+    num_q_tokens: int,
+    use_cuda_graph: bool,
     state_slot_offset: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Online prefill with host lengths: segments cut on the CPU, async H2D copy, stage-1 kernel."""
-    from ..torch_backend import plans as torch_plans
-    from ..torch_backend.rows import pad_rows
-
+    """Online prefill lists, as ``torch_backend.plans.online_prefill_plan``: segments cut on the
+    CPU (host lengths), async H2D copy, one stage-1 launch over both lists."""
     device = req_pool_indices.device
-    plan_c, plan_w = torch_plans.online_prefill_stage0(seq_lens, extend_lens)
-    if pad_to is not None:
-        plan_c = pad_rows(plan_c, pad_to, INVALID_COMPRESS_ROW)
-        plan_w = pad_rows(plan_w, pad_to, INVALID_COMPRESS_ROW)
+    plan_c, plan_w = torch_plans.online_prefill_stage0(seq_lens.cpu(), extend_lens.cpu())
+    if use_cuda_graph:
+        plan_c = pad_rows(plan_c, num_q_tokens, INVALID_COMPRESS_ROW)
+        plan_w = pad_rows(plan_w, num_q_tokens, INVALID_COMPRESS_ROW)
     plan_c, plan_w = _to_device_pinned(plan_c, device), _to_device_pinned(plan_w, device)
-    online_prefill_stage1(plan_c, plan_w, req_pool_indices, state_slot_offset)
+    online_prefill_stage1_both(plan_c, plan_w, req_pool_indices, state_slot_offset)
     return plan_c, plan_w

@@ -53,7 +53,7 @@ RESERVED_PARAMS = frozenset({"module_name", "namespace", "target_arch", "backend
 # Packages whose submodules register production families (``prewarm --all``).
 FAMILY_PACKAGES: tuple[str, ...] = ("flashcompress.cuda_ops",)
 # Families imported only when named (engine tests); not part of ``--all``.
-ON_DEMAND_FAMILIES: dict[str, str] = {"selftest": "flashcompress.jit.selftest"}
+ON_DEMAND_FAMILIES: dict[str, str] = {"selftest": "flashcompress.testing.selftest"}
 
 _SOURCE_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx", ".h", ".hpp", ".cuh", ".inc")
 

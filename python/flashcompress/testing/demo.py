@@ -6,7 +6,7 @@ requests (chunked prefill, then decode steps, batched across requests): build th
 cache.  It runs a ratio-4 layer (main KV, head 512, V4 cache + the indexer, head 128,
 FP8 cache; paged-SWA state) and a ratio-128 layer (main KV, V4 cache; request-ring
 state), on the GPU if there is one, else on the CPU.  Every stored cache entry is then
-compared with the independent float64 model (:mod:`flashcompress.oracle`), and a short
+compared with the independent float64 model (:mod:`flashcompress.testing.oracle`), and a short
 report is printed.  Exit status 0 when everything matches, 1 otherwise.
 """
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import flashcompress
-    from flashcompress import simulator as S
+    from flashcompress.testing import simulator as S
 
     if args.device is None:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")

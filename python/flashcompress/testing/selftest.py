@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from .family import Family, register_family
-from .variant import VariantKey
+from ..jit.family import Family, register_family
+from ..jit.variant import VariantKey
 
 __all__ = ["SELFTEST", "run_selftest"]
 
@@ -41,7 +41,7 @@ def _warmup(key: VariantKey) -> None:
     """Launch the variant once on the current GPU and check the result."""
     import torch
 
-    from .engine import load
+    from ..jit.engine import load
 
     module = load(key)
     x = torch.arange(1000, dtype=torch.float32, device="cuda")
@@ -76,7 +76,7 @@ def run_selftest(value: int = 3, block: int = 128) -> None:
     """Build (or load) one selftest variant and check its host function; raises on any mismatch."""
     import torch
 
-    from .engine import get_module
+    from ..jit.engine import get_module
 
     module = get_module("selftest", value=value, block=block)
     x = torch.arange(64, dtype=torch.float32)

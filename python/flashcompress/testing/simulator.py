@@ -21,7 +21,7 @@ It plays the part of a serving engine around one layer's compressors:
   KV compressor and the indexer's share one plan).
 
 Afterwards every ``compress_forward`` output row of an accepted compression event is
-compared with the float64 pooled vector of :mod:`flashcompress.oracle`, rows without an
+compared with the float64 pooled vector of :mod:`flashcompress.testing.oracle`, rows without an
 event must be zeros, the set of events in the plans must be exactly the expected one,
 every compressed entry in the final caches is compared byte by byte (ties allowed)
 with the model, and every cache byte outside the entries must still hold the poison.
@@ -41,7 +41,7 @@ import random
 import torch
 
 from flashcompress import layouts as L
-from flashcompress import oracle
+from flashcompress.testing import oracle
 
 __all__ = [
     "CompressorSpec",
@@ -117,6 +117,7 @@ class Scenario:
     mixed_prob: float = 0.3  # decode-phase requests riding in an extend batch
     flat_state_prob: float = 0.3  # pass the state pool flat instead of the paged view
     out_prob: float = 0.3  # pass a NaN-filled ``out=`` to compress_forward
+    fused: bool = False  # call compress_and_store instead of the two ops (no output rows to check)
 
     @property
     def ring(self) -> int:
@@ -541,13 +542,22 @@ class Simulator:
     def _run_layer(self, step: int, plan, rows_in: list[torch.Tensor], out_loc: torch.Tensor,
                    events_of_row) -> None:
         """compress_forward + compress_norm_rope_store for every compressor, recording outputs."""
-        from flashcompress import compress_forward, compress_norm_rope_store
+        from flashcompress import compress_and_store, compress_forward, compress_norm_rope_store
 
         sc = self.sc
         for ci, c in enumerate(self.comp):
             spec = c["spec"]
             x = torch.cat([r[ci] for r in rows_in], dim=0).to(self.device)
             n_rows = plan[1].shape[0]
+            if sc.fused:
+                compress_and_store(
+                    self._state_arg(c), x, c["ape"], plan, head_dim=spec.head_dim, compress_ratio=sc.ratio,
+                    norm_weight=c["norm_w"], norm_eps=NORM_EPS, freq_cis=self.freq_cis, out_loc=out_loc,
+                    kvcache=c["cache"], page_size=c["page_size"], use_fp4=spec.fmt == "idx_fp4",
+                    bf16_store=spec.fmt == "bf16", is_online=sc.online,
+                )
+                self.stores[ci] += sum(events_of_row(row) is not None for row in range(n_rows))
+                continue
             out = compress_forward(
                 self._state_arg(c), x, c["ape"], plan, head_dim=spec.head_dim, compress_ratio=sc.ratio,
                 out=self._out_arg(n_rows, spec.head_dim), is_online=sc.online,
@@ -776,15 +786,14 @@ class Simulator:
 
 
 def _backend_name(device: torch.device) -> str:
-    try:
-        from flashcompress import dispatch
+    """``plans: jit, ops: torch``-style summary of the backend modules ``dispatch`` picks for ``device``."""
+    from flashcompress import dispatch
 
-        fams = {f: ("jit" if dispatch.use_jit(device, f) else "torch") for f in ("plan", "compress", "store")}
-    except Exception:  # pragma: no cover - dispatch is internal and may change
-        return "torch" if device.type == "cpu" else "unknown"
-    if len(set(fams.values())) == 1:
-        return next(iter(fams.values()))
-    return ", ".join(f"{k}: {v}" for k, v in fams.items())
+    names = {"plans": dispatch.plans_backend(device).__name__, "ops": dispatch.ops_backend(device).__name__}
+    kinds = {k: "jit" if ".cuda_ops." in v else "torch" for k, v in names.items()}
+    if len(set(kinds.values())) == 1:
+        return next(iter(kinds.values()))
+    return ", ".join(f"{k}: {v}" for k, v in kinds.items())
 
 
 def simulate(scenario: Scenario, *, device: str | torch.device = "cpu", seed: int = 0, **kw) -> SimResult:
