@@ -90,7 +90,11 @@ FC_QUANT_FN float bf16_round(float x) { return bf16_to_float(bf16_bits(x)); }
 
 // ---------------------------------------------------------------------------------- e4m3
 
-FC_QUANT_FN float clip448(float x) { return fmaxf(fminf(x, kE4m3Max), -kE4m3Max); }
+// NaN is tested explicitly: C fminf returns NaN for a signalling NaN on glibc (IEEE minNum),
+// while the spec (CUDA fminf) maps every NaN to the other operand.
+FC_QUANT_FN float clip448(float x) {
+  return is_nan_bits(float_bits(x)) ? kE4m3Max : fmaxf(fminf(x, kE4m3Max), -kE4m3Max);
+}
 
 // OCP E4M3FN, RNE, satfinite (cvt.rn.satfinite.e4m3x2.f32 semantics), software.
 FC_QUANT_FN uint32_t e4m3_code(float x) {
@@ -130,7 +134,7 @@ FC_QUANT_FN uint32_t pack_fp8x4(float a, float b, float c, float d) {
 // ---------------------------------------------------------------------------------- e2m1
 
 FC_QUANT_FN uint32_t e2m1_threshold(float x) {
-  const float a = fminf(fabsf(x), kE2m1Max);  // NaN -> 6
+  const float a = is_nan_bits(float_bits(x)) ? kE2m1Max : fminf(fabsf(x), kE2m1Max);  // NaN -> 6
   const uint32_t mag = static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a > 0.75f) +
                        static_cast<uint32_t>(a > 1.25f) + static_cast<uint32_t>(a > 1.75f) +
                        static_cast<uint32_t>(a > 2.5f) + static_cast<uint32_t>(a > 3.5f) +

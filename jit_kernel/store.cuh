@@ -58,6 +58,13 @@
 #define FC_STORE_FN __device__ __forceinline__
 #endif
 
+// Unroll hints only where they mean something (host compilers warn about the pragma).
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#define FC_STORE_UNROLL _Pragma("unroll")
+#else
+#define FC_STORE_UNROLL
+#endif
+
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || !defined(FC_STORE_HOST_EMULATION)
 #define FC_STORE_LANES_ON_DEVICE 1
 #else
@@ -140,7 +147,7 @@ FC_STORE_FN Vec<float, 4> load4(const float* p) { return *reinterpret_cast<const
 
 FC_STORE_FN void load4_bf16(const uint16_t* p, float (&out)[4]) {
   const Vec<uint16_t, 4> b = *reinterpret_cast<const Vec<uint16_t, 4>*>(p);
-#pragma unroll
+FC_STORE_UNROLL
   for (int i = 0; i < 4; ++i) out[i] = quant::bf16_to_float(b.v[i]);
 }
 
@@ -157,7 +164,7 @@ FC_STORE_FN uint64_t bf16x4(const float* y) {
 FC_STORE_FN float abs_max4(const float* u) {
   // fmaxf from 0 ignores NaN, like the reference's amax (NaN -> 0).
   float a = 0.0f;
-#pragma unroll
+FC_STORE_UNROLL
   for (int i = 0; i < 4; ++i) a = fmaxf(a, fabsf(u[i]));
   return a;
 }
@@ -183,10 +190,10 @@ FC_STORE_FN Entry entry_at(const StoreArgs& args, int64_t loc) {
 // V4: 7 e4m3 tiles of 64 dims (tile k = block k/2, lanes 16*(k%2)..+15) + 64 bf16 rope dims.
 FC_STORE_FN void encode_v4(const float (&y)[16], int lane, const Entry& e) {
   const int half = lane >> 4;
-#pragma unroll
+FC_STORE_UNROLL
   for (int j = 0; j < 4; ++j) {
     float u[4];
-#pragma unroll
+FC_STORE_UNROLL
     for (int i = 0; i < 4; ++i) u[i] = quant::bf16_round(y[4 * j + i]);
     // every lane takes part in the butterfly; the rope lanes' result of block 3 is unused
     const float amax = fmaxf(lanes_max<16>(abs_max4(u)), kAmaxFloor);
@@ -217,14 +224,14 @@ FC_STORE_FN void encode_index_fp4(const float (&h)[4], int lane, const Entry& e)
   const uint32_t exp = quant::ue8m0_ceil(quant::div_rn(amax, quant::kE2m1Max));
   const float inv = quant::inv_ue8m0(exp);
   uint32_t c[4];
-#pragma unroll
+FC_STORE_UNROLL
   for (int i = 0; i < 4; ++i) c[i] = quant::e2m1_threshold(h[i] * inv);
   store_u16(e.data + 2 * lane, c[0] | (c[1] << 4) | (c[2] << 8) | (c[3] << 12));
   if ((lane & 7) == 0) e.scales[lane >> 3] = static_cast<uint8_t>(exp);
 }
 
 FC_STORE_FN void encode_bf16(const float (&y)[16], int lane, const Entry& e) {
-#pragma unroll
+FC_STORE_UNROLL
   for (int j = 0; j < 4; ++j) store_u64(e.data + 256 * j + 8 * lane, bf16x4(&y[4 * j]));
 }
 
@@ -238,17 +245,17 @@ FC_STORE_FN void hadamard128(float (&v)[4], int lane) {
   v[2] = t0 - t2;
   v[1] = t1 + t3;
   v[3] = t1 - t3;
-#pragma unroll
+FC_STORE_UNROLL
   for (int mask = 1; mask < kWarpLanes; mask <<= 1) {  // bits 2..6 = lane bits 0..4
     const bool upper = (lane & mask) != 0;
-#pragma unroll
+FC_STORE_UNROLL
     for (int i = 0; i < 4; ++i) {
       const float other = lane_xor(v[i], mask);
       v[i] = upper ? other - v[i] : v[i] + other;
     }
   }
   const float scale = quant::bits_float(kHadamardScaleBits);
-#pragma unroll
+FC_STORE_UNROLL
   for (int i = 0; i < 4; ++i) v[i] *= scale;
 }
 
@@ -270,18 +277,18 @@ FC_STORE_FN void store_row(float (&v)[kHeadDim / 32], int lane, int64_t position
   // Issue the weight and RoPE-table loads before the reduction.
   float w[kVals];
   if (args.norm_weight_bf16 != nullptr) {
-#pragma unroll
+FC_STORE_UNROLL
     for (int j = 0; j < kBlocks; ++j) {
       float wj[4];
       detail::load4_bf16(args.norm_weight_bf16 + 128 * j + 4 * lane, wj);
-#pragma unroll
+FC_STORE_UNROLL
       for (int i = 0; i < 4; ++i) w[4 * j + i] = wj[i];
     }
   } else {
-#pragma unroll
+FC_STORE_UNROLL
     for (int j = 0; j < kBlocks; ++j) {
       const Vec<float, 4> wj = detail::load4(args.norm_weight + 128 * j + 4 * lane);
-#pragma unroll
+FC_STORE_UNROLL
       for (int i = 0; i < 4; ++i) w[4 * j + i] = wj.v[i];
     }
   }
@@ -290,17 +297,17 @@ FC_STORE_FN void store_row(float (&v)[kHeadDim / 32], int lane, int64_t position
 
   // RMSNorm.
   double ss = 0.0;
-#pragma unroll
+FC_STORE_UNROLL
   for (int k = 0; k < kVals; ++k) ss += static_cast<double>(v[k]) * static_cast<double>(v[k]);
   ss = detail::lanes_sum_f64<kWarpLanes>(ss);
   const float mean = quant::div_rn(static_cast<float>(ss), static_cast<float>(kHeadDim)) + args.norm_eps;
   const float nf = static_cast<float>(1.0 / sqrt(static_cast<double>(mean)));
-#pragma unroll
+FC_STORE_UNROLL
   for (int k = 0; k < kVals; ++k) v[k] = (v[k] * nf) * w[k];
 
   // Interleaved RoPE on the last 64 dims: lane 16 + m holds pairs 2m and 2m + 1.
   if (rope_lane) {
-#pragma unroll
+FC_STORE_UNROLL
     for (int q = 0; q < 2; ++q) {
       const float re = v[kRopeBase + 2 * q], im = v[kRopeBase + 2 * q + 1];
       const float c = cs.v[2 * q], s = cs.v[2 * q + 1];
@@ -345,17 +352,17 @@ FC_STORE_FN void store_plan_row(const StoreKernelArgs& args, int64_t row, int la
   const int64_t loc = args.out_loc[dest];
 
   float v[kHeadDim / 32];
-#pragma unroll
+FC_STORE_UNROLL
   for (int j = 0; j < kHeadDim / 128; ++j) {
     const int64_t offset = row * kHeadDim + 128 * j + 4 * lane;
     if constexpr (kIn == RowDtype::kF32) {
       const Vec<float, 4> x = detail::load4(static_cast<const float*>(args.kv) + offset);
-#pragma unroll
+FC_STORE_UNROLL
       for (int i = 0; i < 4; ++i) v[4 * j + i] = x.v[i];
     } else {
       float x[4];
       detail::load4_bf16(static_cast<const uint16_t*>(args.kv) + offset, x);
-#pragma unroll
+FC_STORE_UNROLL
       for (int i = 0; i < 4; ++i) v[4 * j + i] = x[i];
     }
   }

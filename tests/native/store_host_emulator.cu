@@ -1,0 +1,198 @@
+// Host emulator of the store kernel (test support, runs on a machine without a GPU).
+//
+// Runs the exact per-row code of jit_kernel/store.cuh (store_plan_row -> store_row) on the CPU:
+// 32 std::threads play the 32 lanes of one warp and walk the plan rows together; the lane
+// shuffles (store::host_lanes::shfl_xor) exchange values through a shared slot array between
+// two barriers. Used by tests/test_store_kernel_host.py to compare the bytes with the PyTorch
+// backend and with the golden vectors.
+//
+// Usage: store_host_emulator <dir>. <dir>/params.txt holds
+//   <fmt: v4|idx_fp8|idx_fp4|bf16> <dtype: fp32|bf16> <rows> <ratio> <is_decode> <page_size>
+//   <eps as fp32 bit pattern> <freq_rows> <out_loc_len> <cache_bytes>
+// and the raw little-endian tensors kv.bin ([rows, H] fp32 or bf16 bits), plan.bin ([rows, 16]),
+// out_loc.bin (int64), weight.bin ([H] in the kv dtype), freq.bin (fp32 [freq_rows, 64]),
+// cache.bin (cache_bytes, the cache before). Writes <dir>/cache_out.bin.
+#define FC_STORE_HOST_EMULATION 1
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "store.cuh"
+
+namespace fc = flashcompress;
+
+namespace flashcompress {
+namespace store {
+namespace host_lanes {
+namespace {
+
+thread_local int t_lane = 0;
+
+// A reusable barrier for the 32 lane threads plus the slots they exchange through.
+struct Exchange {
+  std::mutex m;
+  std::condition_variable cv;
+  int arrived = 0;
+  uint64_t generation = 0;
+  float f32[kWarpLanes];
+  double f64[kWarpLanes];
+
+  void barrier() {
+    std::unique_lock<std::mutex> lock(m);
+    const uint64_t gen = generation;
+    if (++arrived == kWarpLanes) {
+      arrived = 0;
+      ++generation;
+      cv.notify_all();
+    } else {
+      cv.wait(lock, [&] { return generation != gen; });
+    }
+  }
+};
+
+Exchange g_exchange;
+
+}  // namespace
+
+float shfl_xor(float v, int mask) {
+  g_exchange.f32[t_lane] = v;
+  g_exchange.barrier();
+  const float other = g_exchange.f32[t_lane ^ mask];
+  g_exchange.barrier();
+  return other;
+}
+
+double shfl_xor(double v, int mask) {
+  g_exchange.f64[t_lane] = v;
+  g_exchange.barrier();
+  const double other = g_exchange.f64[t_lane ^ mask];
+  g_exchange.barrier();
+  return other;
+}
+
+}  // namespace host_lanes
+}  // namespace store
+}  // namespace flashcompress
+
+namespace {
+
+std::vector<unsigned char> read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    std::cerr << "cannot open " << path << "\n";
+    std::exit(2);
+  }
+  return std::vector<unsigned char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+template <int kHeadDim, fc::StoreFormat kFmt, fc::RowDtype kIn>
+void run_rows(const fc::StoreKernelArgs& args) {
+  std::vector<std::thread> lanes;
+  for (int lane = 0; lane < fc::store::kWarpLanes; ++lane) {
+    lanes.emplace_back([&args, lane] {
+      fc::store::host_lanes::t_lane = lane;
+      for (int64_t row = 0; row < args.rows; ++row) fc::store::store_plan_row<kHeadDim, kFmt, kIn>(args, row, lane);
+    });
+  }
+  for (auto& t : lanes) t.join();
+}
+
+template <int kHeadDim, fc::StoreFormat kFmt>
+void run_dtype(const std::string& dtype, const fc::StoreKernelArgs& args) {
+  if (dtype == "fp32") {
+    run_rows<kHeadDim, kFmt, fc::RowDtype::kF32>(args);
+  } else {
+    run_rows<kHeadDim, kFmt, fc::RowDtype::kBF16>(args);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: store_host_emulator <dir>\n";
+    return 2;
+  }
+  const std::string dir = argv[1];
+  std::ifstream params(dir + "/params.txt");
+  std::string fmt, dtype;
+  long long rows, ratio, is_decode, page_size, freq_rows, out_loc_len, cache_bytes;
+  unsigned long eps_bits;
+  params >> fmt >> dtype >> rows >> ratio >> is_decode >> page_size >> eps_bits >> freq_rows >> out_loc_len >>
+      cache_bytes;
+  if (!params) {
+    std::cerr << "bad params.txt\n";
+    return 2;
+  }
+  std::vector<unsigned char> kv = read_file(dir + "/kv.bin"), plan = read_file(dir + "/plan.bin"),
+                             out_loc = read_file(dir + "/out_loc.bin"), weight = read_file(dir + "/weight.bin"),
+                             freq = read_file(dir + "/freq.bin"), cache = read_file(dir + "/cache.bin");
+  if (static_cast<long long>(cache.size()) != cache_bytes || static_cast<long long>(plan.size()) != rows * 16 ||
+      static_cast<long long>(out_loc.size()) != out_loc_len * 8 ||
+      static_cast<long long>(freq.size()) != freq_rows * 64 * 4) {
+    std::cerr << "tensor sizes disagree with params.txt\n";
+    return 2;
+  }
+  // Vector loads need aligned storage: copy into 16-byte aligned buffers.
+  auto aligned = [](const std::vector<unsigned char>& src) {
+    std::vector<fc::Vec<float, 4>> buf(src.size() / 16 + 1);
+    std::memcpy(buf.data(), src.data(), src.size());
+    return buf;
+  };
+  auto kv_a = aligned(kv), plan_a = aligned(plan), loc_a = aligned(out_loc), w_a = aligned(weight),
+       freq_a = aligned(freq), cache_a = aligned(cache);
+
+  int shift = 0;
+  while ((1LL << shift) < page_size) ++shift;
+  fc::StoreKernelArgs args{};
+  args.kv = kv_a.data();
+  args.plan = reinterpret_cast<const uint8_t*>(plan_a.data());
+  args.out_loc = reinterpret_cast<const int64_t*>(loc_a.data());
+  args.rows = rows;
+  args.ratio = static_cast<uint32_t>(ratio);
+  args.is_decode = is_decode != 0;
+  if (dtype == "fp32") {
+    args.store.norm_weight = reinterpret_cast<const float*>(w_a.data());
+  } else {
+    args.store.norm_weight_bf16 = reinterpret_cast<const uint16_t*>(w_a.data());
+  }
+  args.store.freq = reinterpret_cast<const float*>(freq_a.data());
+  args.store.freq_rows = freq_rows;
+  args.store.cache = reinterpret_cast<uint8_t*>(cache_a.data());
+  args.store.page_bytes = cache_bytes / 1;  // overwritten below
+  args.store.page_shift = shift;
+  const uint32_t eps_u = static_cast<uint32_t>(eps_bits);
+  std::memcpy(&args.store.norm_eps, &eps_u, 4);
+
+  // page bytes per format (layouts.CacheFormat.page_bytes)
+  auto page_bytes = [&](long long data, long long scale, long long align) {
+    const long long raw = page_size * (data + scale);
+    return (raw + align - 1) / align * align;
+  };
+  if (fmt == "v4") {
+    args.store.page_bytes = page_bytes(576, 8, 576);
+    run_dtype<512, fc::StoreFormat::kV4>(dtype, args);
+  } else if (fmt == "idx_fp8") {
+    args.store.page_bytes = page_bytes(128, 4, 1);
+    run_dtype<128, fc::StoreFormat::kIndexFp8>(dtype, args);
+  } else if (fmt == "idx_fp4") {
+    args.store.page_bytes = page_bytes(64, 4, 1);
+    run_dtype<128, fc::StoreFormat::kIndexFp4>(dtype, args);
+  } else if (fmt == "bf16") {
+    args.store.page_bytes = page_bytes(1024, 0, 1);
+    run_dtype<512, fc::StoreFormat::kBf16>(dtype, args);
+  } else {
+    std::cerr << "unknown format " << fmt << "\n";
+    return 2;
+  }
+  std::ofstream out(dir + "/cache_out.bin", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(cache_a.data()), static_cast<std::streamsize>(cache.size()));
+  return out ? 0 : 1;
+}
