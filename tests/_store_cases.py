@@ -103,7 +103,7 @@ def make_case(fmt_name: str, dtype: torch.dtype, is_decode: bool, *, rows: int =
                 plan[r, 8:16] = torch.randint(0, 256, (8,), generator=gen, dtype=torch.uint8)
         n_loc = num_q
         dest_rows = ragged
-    pages = rows // page_size + 3
+    pages = n_loc // page_size + 3
     capacity = pages * page_size
     out_loc = torch.randperm(capacity, generator=gen)[:n_loc].to(torch.int64)
     row_bytes = fmt.page_bytes(page_size) if fmt.scale_bytes else fmt.data_bytes * page_size
