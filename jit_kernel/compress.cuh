@@ -1,0 +1,698 @@
+// flashcompress: the `compress` kernel family: softmax pooling of KV windows into compressed
+// rows (compress_forward), optionally ending in the store epilogue (compress_and_store).
+//
+// Tensors (H = head dim, W = window = 8 for ratio 4 / 128 for ratio 128; all contiguous):
+//   state   [state_rows, width] TState  C4: width 4H, a raw copy of a token's input row;
+//                                       C128: 2H; online C128: 3H = [max M | sum S | mean K]
+//   input   [input_rows, 4H | 2H] TIn   C4 columns kv-overlap, kv-own, score-overlap, score-own;
+//                                       C128 / online: kv, score
+//   ape     [8 | 128, H] TIn            C4 rows 0-3 overlap bias, 4-7 own bias; C128 row = offset
+//   plan    decode: DecodePlan [B] (16 B); prefill: CompressPlan [C] (16 B)
+//   plan_w  prefill: WritePlan [Nw] (8 B); online: CompressPlan [Nw] (segment rows)
+//   out     [rows, H] TOut (kFmt == kNone): decode row b = request b, zeros unless it closes a
+//           window; prefill row k = plan row k, zeros for invalid rows
+//   store   (kFmt != kNone) the compressed row, rounded to TOut, is handed to
+//           store::store_row at RoPE position seq_len - ratio, slot out_loc[b] (decode) or
+//           out_loc[ragged_id] (prefill); rows that close no window write nothing.
+//
+// Pooling, per channel c of an entry (python/flashcompress/torch_backend/compress.py is the
+// reference): logit_e = score_e[c] + ape[bias row of e][c], out[c] = sum_e softmax(logit)_e *
+// kv_e[c] over the W window entries. A state value is converted TState -> TIn -> fp32 (the
+// peer's mixed-dtype chain), an input value TIn -> fp32, the result fp32 -> TOut.
+//   C4 entry e < 4 (overlap role): kv cols [0,H), score [2H,3H), state row 4*page0 + e,
+//     input row q - 7 + e; padding (skipped) when seq_len <= 4 (first window).
+//   C4 entry e >= 4 (own role): kv [H,2H), score [3H,4H), state row 4*page1 + e - 4,
+//     input row q - 3 + (e - 4).
+//   C128 entry e: kv [0,H), score [H,2H), state row 128*page1 + e, input row q - 127 + e.
+//   Prefill takes entry e from the state iff e < buffer_len, else from the input (q =
+//   ragged_id). Decode takes every entry from the state, except the row this request writes
+//   in the same launch, which it takes from its own input row (rounded through TState), so no
+//   thread waits on another's store.
+//   Online C128 (running state, one row per request slot): decode folds one token into the
+//   slot (emits at offset 127, stores the state otherwise); a prefill segment reduces its
+//   offsets [end - len, end) from the input, merges with the prior slot when it does not start
+//   the window, then emits (compress list) or stores the state (write list).
+//
+// Thread mapping. A "team" computes one row's slice of kChans channels: thread (split s,
+// vector v) owns channels 4v..4v+3 of the slice and window entries [s*W/kSplit, (s+1)*W/kSplit)
+// (8 entries, all loads in flight at once), keeps a running (max, sum, weighted sum), and the
+// team combines its splits through shared memory; then each thread finishes channels
+// u, u + team size, ... (coalesced). kCSplit = H / kChans blocks (one thread block cluster on
+// SM90 when storing) share a row:
+//   C4 H=512: 128 threads, 1 team, whole row          C4 H=128: 4 teams of 32 threads
+//   C128 / online prefill: 512 threads, kChans 128, kSplit 16, cluster of 4
+//   online decode: 128 threads, whole row, 1 entry
+// Decode: a block (cluster) handles kReq consecutive requests: it writes its share of each
+// request's input row into the state (row write_loc), then pools the request's window if the
+// request closes one (C4: seq_len % 4 == 0; C128: write_loc % 128 == 127).
+// Prefill: pass 1 (compress list) pools every valid plan row; pass 2 (write list) copies input
+// rows into the state (online: stores segment states). Pass 2 is launched after pass 1 with
+// programmatic dependent launch on SM90: it loads everything first and executes
+// griddepcontrol.wait before its first store, because ring rows alias and every read of pass 1
+// must complete before a write of pass 2 lands (the two passes share rows).
+//
+// Store epilogue: the team writes its rounded row slice to shared memory (the cluster leader's,
+// through distributed shared memory, when kCSplit > 1); warp 0 of the leader loads the canonical
+// warp layout (lane l holds dims 128j + 4l + i) and calls store::store_row.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "compress_launch.h"
+#include "gpu_runtime.h"
+#include "plan.cuh"
+#include "vec.cuh"
+
+#if !FC_GPU_HIP
+#include <cooperative_groups.h>
+#endif
+
+namespace flashcompress {
+
+namespace store {
+// Defined in store.cuh (the kernel TU of a store variant includes it): one warp stores one row;
+// lane `lane` holds v[4*j + i] = dim 128*j + 4*lane + i (fp32, before RMSNorm).
+template <int kHeadDim, StoreFormat kFmt>
+__device__ void store_row(float (&v)[kHeadDim / 32], int lane, int64_t position, int64_t loc,
+                          const StoreArgs& args);
+}  // namespace store
+
+namespace compress {
+
+template <DType d>
+struct TypeOf;
+template <>
+struct TypeOf<DType::kF32> {
+  using type = float;
+};
+template <>
+struct TypeOf<DType::kBF16> {
+  using type = bf16_t;
+};
+
+__device__ __forceinline__ void pdl_wait() {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// ------------------------------------------------------------------------------------------
+// Configuration of one variant and one pass
+// ------------------------------------------------------------------------------------------
+
+enum class Pass : int { kDecode = 0, kPrefill = 1, kOnlineWrite = 2 };
+
+template <int kRatio_, bool kOnline_, int kHeadDim_, DType kIn, DType kState, DType kOut,
+          StoreFormat kFmt_, Pass kPass_>
+struct Cfg {
+  static constexpr int kRatio = kRatio_;
+  static constexpr bool kOnline = kOnline_;
+  static constexpr int H = kHeadDim_;
+  static constexpr StoreFormat kFmt = kFmt_;
+  static constexpr Pass kPass = kPass_;
+  static constexpr bool kDecode = kPass == Pass::kDecode;
+  static constexpr bool kStoreRows = kFmt != StoreFormat::kNone && kPass != Pass::kOnlineWrite;
+  using TIn = typename TypeOf<kIn>::type;
+  using TState = typename TypeOf<kState>::type;
+  using TOut = typename TypeOf<kOut>::type;
+
+  static constexpr int W = kRatio == 4 ? 8 : 128;  // window entries
+  static constexpr int kInWidth = kRatio == 4 ? 4 * H : 2 * H;
+  static constexpr int kStateWidth = kOnline ? 3 * H : kInWidth;
+
+  // Online decode folds one token: one entry, the whole row in one team.
+  static constexpr bool kOnlineDecode = kOnline && kDecode;
+  static constexpr int kChans = (kRatio == 4 || kOnlineDecode) ? H : 128;
+  static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
+  static constexpr int kEntries = kOnlineDecode ? 1 : W;
+  static constexpr int kSplit = kRatio == 4 || kOnlineDecode ? 1 : 16;
+  static constexpr int kPerSplit = kEntries / kSplit;
+  static constexpr int kVecs = kChans / 4;                 // channel vectors per slice
+  static constexpr int kTeamThreads = kVecs * kSplit;
+  static constexpr int kTeams = kTeamThreads >= 128 ? 1 : 128 / kTeamThreads;
+  static constexpr int kThreads = kTeams * kTeamThreads;
+  static constexpr int kReq = (kDecode && kRatio == 128 && !kOnline) ? 4 : 1;  // rows per team
+  static constexpr int kRowsPerBlock = kTeams * kReq;
+  static constexpr bool kCluster = kCSplit > 1 && kStoreRows;
+
+  static_assert(H % 128 == 0 && kChans % 128 == 0, "head dim must be a multiple of 128");
+  static_assert(kEntries % kSplit == 0, "window entries must split evenly");
+  static_assert(kTeams == 1 || kTeamThreads == 32, "multi-team blocks use one warp per team");
+  static_assert(kThreads <= 1024, "block too large");
+  static_assert(!kOnline || (kRatio == 128 && kIn == DType::kF32 && kOut == DType::kF32),
+                "online compression is ratio 128 with fp32 input and output");
+#if FC_GPU_HIP
+  static_assert(!kCluster, "thread block clusters are CUDA-only; store variants need kCSplit 1");
+#endif
+};
+
+// Running softmax state of one channel: max, sum of exp, sum of exp * kv.
+struct Acc {
+  float m, s, n;
+};
+
+__device__ __forceinline__ Acc acc_empty() { return Acc{-INFINITY, 0.f, 0.f}; }
+
+// Merge b into a (either may be empty).
+__device__ __forceinline__ Acc acc_merge(Acc a, Acc b) {
+  if (b.s == 0.f) return a;
+  if (a.s == 0.f) return b;
+  const float m = fmaxf(a.m, b.m);
+  const float ra = expf(a.m - m), rb = expf(b.m - m);
+  return Acc{m, a.s * ra + b.s * rb, a.n * ra + b.n * rb};
+}
+
+template <typename T>
+__device__ __forceinline__ void load4(const T* __restrict__ p, float (&o)[4]) {
+  const Vec<T, 4> v = load_vec<T, 4>(p);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[i] = to_float(v.v[i]);
+}
+
+// A state value as the pooling sees it (TState -> TIn -> fp32).
+template <class C>
+__device__ __forceinline__ void load4_state(const typename C::TState* p, float (&o)[4]) {
+  const Vec<typename C::TState, 4> v = load_vec<typename C::TState, 4>(p);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) o[i] = via<typename C::TIn>(v.v[i]);
+}
+
+// An input value that the same launch also writes to the state, read back as the state holds it.
+template <class C>
+__device__ __forceinline__ void load4_self(const typename C::TIn* p, float (&o)[4]) {
+  const Vec<typename C::TIn, 4> v = load_vec<typename C::TIn, 4>(p);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    o[i] = via<typename C::TIn>(from_float<typename C::TState>(to_float(v.v[i])));
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// One row's window, as resolved from its plan row
+// ------------------------------------------------------------------------------------------
+
+struct Window {
+  int64_t q_first;    // input row of entry 0 (entry e reads input row q_first + e)
+  int64_t page0;      // C4 overlap page
+  int64_t page1;      // C4 own page / C128 page
+  int64_t self_row;   // decode: the state row this request writes (read from input row self_in)
+  int64_t self_in;
+  int buf_len;        // entries [0, buf_len) come from the state
+  int lo, hi;         // live entries [lo, hi); C4 first window: [4, 8)
+  int bias_base;      // online decode: ape row of the single token
+};
+
+template <class C>
+__device__ __forceinline__ int64_t state_row_of(const Window& w, int e) {
+  if constexpr (C::kRatio == 4) {
+    return e < 4 ? w.page0 * 4 + e : w.page1 * 4 + (e - 4);
+  } else {
+    return w.page1 * 128 + e;
+  }
+}
+
+// Channel columns of entry e's kv and score within a state / input row.
+template <class C>
+__device__ __forceinline__ int kv_col(int e) {
+  return (C::kRatio == 4 && e >= 4) ? C::H : 0;
+}
+template <class C>
+__device__ __forceinline__ int score_col(int e) {
+  if constexpr (C::kRatio == 4) return e >= 4 ? 3 * C::H : 2 * C::H;
+  return C::H;
+}
+
+// Accumulate this thread's entries [e0, e0 + kPerSplit) for channels c..c+3.
+template <class C>
+__device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
+                                             const typename C::TState* state,
+                                             const typename C::TIn* __restrict__ input,
+                                             const typename C::TIn* __restrict__ ape,
+                                             Acc (&acc)[4]) {
+  constexpr int N = C::kPerSplit;
+  float kv[N][4], lg[N][4];
+  bool live[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const int e = e0 + k;
+    live[k] = e >= w.lo && e < w.hi;
+    if (!live[k]) continue;
+    const int kc = kv_col<C>(e) + c, sc = score_col<C>(e) + c;
+    const int brow = C::kOnlineDecode ? w.bias_base : e;
+    if (e < w.buf_len) {
+      const int64_t row = state_row_of<C>(w, e);
+      if (row == w.self_row) {
+        const typename C::TIn* src = input + w.self_in * C::kInWidth;
+        load4_self<C>(src + kc, kv[k]);
+        load4_self<C>(src + sc, lg[k]);
+      } else {
+        const typename C::TState* src = state + row * C::kStateWidth;
+        load4_state<C>(src + kc, kv[k]);
+        load4_state<C>(src + sc, lg[k]);
+      }
+    } else {
+      const typename C::TIn* src = input + (w.q_first + e) * C::kInWidth;
+      load4(src + kc, kv[k]);
+      load4(src + sc, lg[k]);
+    }
+    float b[4];
+    load4(ape + static_cast<int64_t>(brow) * C::H + c, b);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) lg[k][i] += b[i];
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < N; ++k) m = live[k] ? fmaxf(m, lg[k][i]) : m;
+    if (m == -INFINITY) continue;  // no live entry in this split
+    float s = 0.f, n = 0.f;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      if (!live[k]) continue;
+      const float p = expf(lg[k][i] - m);
+      s += p;
+      n = fmaf(p, kv[k][i], n);
+    }
+    acc[i] = acc_merge(acc[i], Acc{m, s, n});
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Shared memory of one block and the team-level barrier
+// ------------------------------------------------------------------------------------------
+
+template <class C>
+struct Smem {
+  float m[C::kTeams][C::kSplit][C::kChans];
+  float s[C::kTeams][C::kSplit][C::kChans];
+  float n[C::kTeams][C::kSplit][C::kChans];
+  float row[C::kTeams][C::kStoreRows ? C::H : 1];  // store epilogue: the rounded row
+};
+
+template <class C>
+__device__ __forceinline__ void team_sync() {
+  if constexpr (C::kTeams == 1) {
+    __syncthreads();
+  } else {
+#if FC_GPU_HIP
+    __syncthreads();  // teams never diverge at a barrier on HIP builds (kTeams == 1 there)
+#else
+    __syncwarp();
+#endif
+  }
+}
+
+// The threads of one row: the block, or the cluster of kCSplit blocks when storing.
+template <class C>
+__device__ __forceinline__ void row_sync() {
+#if !FC_GPU_HIP
+  if constexpr (C::kCluster) {
+    cooperative_groups::this_cluster().sync();
+    return;
+  }
+#endif
+  team_sync<C>();
+}
+
+// Where this block writes its slice of the rounded row (the cluster leader's shared memory).
+template <class C>
+__device__ __forceinline__ float* row_dst(Smem<C>& sm, int team) {
+#if !FC_GPU_HIP
+  if constexpr (C::kCluster) {
+    return cooperative_groups::this_cluster().map_shared_rank(&sm.row[0][0], 0);
+  }
+#endif
+  return &sm.row[team][0];
+}
+
+// ------------------------------------------------------------------------------------------
+// The row pipeline: pool -> combine (-> online merge) -> emit / store / state store
+// ------------------------------------------------------------------------------------------
+
+struct RowTarget {
+  bool emit;            // the row closes a window
+  int64_t out_row;      // kNone: output row
+  int64_t position;     // store: RoPE position
+  int64_t loc;          // store: cache slot
+  int64_t merge_slot;   // online: prior state slot to merge with (-1: none)
+  int64_t state_slot;   // online: slot that receives the state (-1: none)
+};
+
+template <class C>
+__device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs& a,
+                         Smem<C>& sm, int team, int u, int rank) {
+  using TIn = typename C::TIn;
+  using TState = typename C::TState;
+  const auto* state = static_cast<const TState*>(a.state);
+  const auto* input = static_cast<const TIn*>(a.input);
+  const auto* ape = static_cast<const TIn*>(a.ape);
+  const int chan0 = rank * C::kChans;
+
+  // Phase 1: each (split, vector) thread pools its entries for 4 channels.
+  {
+    const int v = u % C::kVecs, split = u / C::kVecs;
+    const int c = chan0 + 4 * v;
+    Acc acc[4] = {acc_empty(), acc_empty(), acc_empty(), acc_empty()};
+    pool_entries<C>(w, split * C::kPerSplit, c, state, input, ape, acc);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sm.m[team][split][4 * v + i] = acc[i].m;
+      sm.s[team][split][4 * v + i] = acc[i].s;
+      sm.n[team][split][4 * v + i] = acc[i].n;
+    }
+  }
+  team_sync<C>();
+
+  // Phase 2: combine the splits per channel, merge an online prior, finish the channel.
+  float* row = C::kStoreRows ? row_dst<C>(sm, team) : nullptr;
+  const int H = C::H;
+  for (int k = u; k < C::kChans; k += C::kTeamThreads) {
+    Acc acc = acc_empty();
+#pragma unroll
+    for (int split = 0; split < C::kSplit; ++split) {
+      acc = acc_merge(acc, Acc{sm.m[team][split][k], sm.s[team][split][k], sm.n[team][split][k]});
+    }
+    const int c = chan0 + k;
+    float M = acc.m, S = acc.s, K = acc.n / acc.s;
+    if constexpr (C::kOnline) {
+      if (t.merge_slot >= 0) {
+        const TState* prior = state + t.merge_slot * C::kStateWidth;
+        const float m1 = to_float(prior[c]), s1 = to_float(prior[H + c]);
+        const float k1 = to_float(prior[2 * H + c]);
+        const float m = fmaxf(m1, M);
+        const float ra = s1 * expf(m1 - m), rb = S * expf(M - m);
+        const float s = ra + rb;
+        K = (k1 * ra + K * rb) / s;
+        M = m;
+        S = s;
+      }
+    }
+    if constexpr (C::kOnline) {
+      if (t.state_slot >= 0) {  // the row's state goes back to the pool instead of emitting
+        TState* dst = static_cast<TState*>(a.state) + t.state_slot * C::kStateWidth;
+        dst[c] = from_float<TState>(M);
+        dst[H + c] = from_float<TState>(S);
+        dst[2 * H + c] = from_float<TState>(K);
+        continue;
+      }
+    }
+    if constexpr (C::kStoreRows) {
+      row[c] = to_float(from_float<typename C::TOut>(K));
+    } else if constexpr (C::kPass != Pass::kOnlineWrite) {
+      static_cast<typename C::TOut*>(a.out)[t.out_row * H + c] = from_float<typename C::TOut>(K);
+    }
+  }
+  if constexpr (C::kReq > 1) team_sync<C>();  // the next row of this team reuses the partials
+}
+
+// Warp 0 of the row's leader block stores the gathered row.
+template <class C>
+__device__ __forceinline__ void store_gathered_row(const RowTarget& t, const CompressArgs& a,
+                                                   Smem<C>& sm, int team, int u, int rank) {
+  if constexpr (C::kStoreRows) {
+    row_sync<C>();
+    if (rank == 0 && u < 32) {
+      float v[C::H / 32];
+#pragma unroll
+      for (int j = 0; j < C::H / 128; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[4 * j + i] = sm.row[team][128 * j + 4 * u + i];
+      }
+      store::store_row<C::H, C::kFmt>(v, u, t.position, t.loc, a.store);
+    }
+    row_sync<C>();  // the row buffer is reused by the next row
+  }
+}
+
+// Zero this block's slice of output row `row` (kNone rows that close no window).
+template <class C>
+__device__ __forceinline__ void zero_out_row(const CompressArgs& a, int64_t row, int u, int rank) {
+  using TOut = typename C::TOut;
+  TOut* dst = static_cast<TOut*>(a.out) + row * C::H + rank * C::kChans;
+  for (int k = u; k < C::kChans; k += C::kTeamThreads) dst[k] = from_float<TOut>(0.f);
+}
+
+// Copy this block's share of input row `in_row` into state row `st_row` (converted to TState).
+template <class C, int kThreads>
+__device__ __forceinline__ void copy_row_share(const CompressArgs& a, int64_t in_row,
+                                               int64_t st_row, int tid, int share, int shares) {
+  using TIn = typename C::TIn;
+  using TState = typename C::TState;
+  constexpr int kVecsPerRow = C::kInWidth / 4;
+  const int per = kVecsPerRow / shares;
+  const TIn* src = static_cast<const TIn*>(a.input) + in_row * C::kInWidth;
+  TState* dst = static_cast<TState*>(a.state) + st_row * C::kStateWidth;
+  for (int v = share * per + tid; v < (share + 1) * per; v += kThreads) {
+    const Vec<TIn, 4> x = load_vec<TIn, 4>(src + 4 * v);
+    Vec<TState, 4> y;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) y.v[i] = from_float<TState>(to_float(x.v[i]));
+    store_vec<TState, 4>(dst + 4 * v, y);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Kernels
+// ------------------------------------------------------------------------------------------
+
+template <class C>
+__device__ __forceinline__ void block_coords(int& rank, int64_t& group, int& team, int& u) {
+  rank = static_cast<int>(blockIdx.x % C::kCSplit);
+  group = blockIdx.x / C::kCSplit;
+  team = static_cast<int>(threadIdx.x) / C::kTeamThreads;
+  u = static_cast<int>(threadIdx.x) % C::kTeamThreads;
+}
+
+// Decode: write every request's input row, pool the requests that close a window.
+template <class C>
+__global__ void __launch_bounds__(C::kThreads) decode_kernel(const CompressArgs a) {
+  __shared__ Smem<C> sm;
+  int rank, team, u;
+  int64_t group;
+  block_coords<C>(rank, group, team, u);
+  const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
+  for (int r = 0; r < C::kReq; ++r) {
+    const int64_t b = (group * C::kTeams + team) * C::kReq + r;
+    if (b >= a.rows) break;  // uniform across the team (and the cluster)
+    const DecodePlan p = plan[b];
+    RowTarget t{};
+    t.out_row = b;
+    t.loc = C::kStoreRows ? a.out_loc[b] : 0;
+    t.merge_slot = -1;
+    t.state_slot = -1;
+    Window w{};
+    if constexpr (C::kOnline) {
+      // Fold the token into the slot; emit at offset 127, else store the state at write_loc.
+      const int off = static_cast<int>((p.seq_len - 1u) % 128u);
+      t.emit = off == 127;
+      t.merge_slot = off == 0 ? -1 : p.read_page_0;
+      t.state_slot = t.emit ? -1 : p.write_loc;
+      t.position = static_cast<int64_t>(p.seq_len) - 128;
+      w.q_first = b;
+      w.lo = 0;
+      w.hi = 1;
+      w.buf_len = 0;
+      w.bias_base = off;
+      w.self_row = -1;
+      pool_row<C>(w, t, a, sm, team, u, rank);
+      if (t.emit) {
+        store_gathered_row<C>(t, a, sm, team, u, rank);
+      } else if constexpr (!C::kStoreRows) {
+        zero_out_row<C>(a, b, u, rank);
+      }
+    } else {
+      copy_row_share<C, C::kTeamThreads>(a, b, p.write_loc, u, rank, C::kCSplit);
+      if constexpr (C::kRatio == 4) {
+        t.emit = p.seq_len % 4u == 0;
+        w.lo = p.seq_len > 4 ? 0 : 4;
+      } else {
+        t.emit = p.write_loc % 128 == 127;
+        w.lo = 0;
+      }
+      if (!t.emit) {
+        if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
+        continue;
+      }
+      w.hi = C::W;
+      w.buf_len = C::W;
+      w.page0 = p.read_page_0;
+      w.page1 = p.read_page_1;
+      w.self_row = p.write_loc;
+      w.self_in = b;
+      w.q_first = 0;
+      t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
+      pool_row<C>(w, t, a, sm, team, u, rank);
+      store_gathered_row<C>(t, a, sm, team, u, rank);
+    }
+  }
+}
+
+// Prefill pass 1 (and the online write list, Pass::kOnlineWrite): one team per plan row.
+template <class C>
+__global__ void __launch_bounds__(C::kThreads) prefill_kernel(const CompressArgs a) {
+  __shared__ Smem<C> sm;
+  int rank, team, u;
+  int64_t group;
+  block_coords<C>(rank, group, team, u);
+  constexpr bool kWriteList = C::kPass == Pass::kOnlineWrite;
+  const int64_t k = group * C::kTeams + team;
+  const int64_t rows = kWriteList ? a.rows_w : a.rows;
+  if (k >= rows) return;  // uniform across the team and the cluster
+  const CompressPlan p = reinterpret_cast<const CompressPlan*>(kWriteList ? a.plan_w : a.plan)[k];
+  const bool valid = p.seq_len != kInvalidU32;
+  if (!valid) {
+    if constexpr (!C::kStoreRows && !kWriteList) zero_out_row<C>(a, k, u, rank);
+    return;
+  }
+  RowTarget t{};
+  t.emit = true;
+  t.out_row = k;
+  t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
+  t.loc = C::kStoreRows ? a.out_loc[p.ragged_id] : 0;
+  t.merge_slot = -1;
+  t.state_slot = -1;
+  Window w{};
+  w.self_row = -1;
+  if constexpr (C::kOnline) {
+    const int end = static_cast<int>((p.seq_len - 1u) % 128u) + 1;
+    const int off = end - static_cast<int>(p.buffer_len);
+    w.q_first = static_cast<int64_t>(p.ragged_id) - end + 1;
+    w.lo = off;
+    w.hi = end;
+    w.buf_len = 0;
+    const int64_t slot = p.read_page_1 >= 0 ? p.read_page_1 : p.read_page_0;
+    t.merge_slot = (off != 0 && slot >= 0) ? slot : -1;
+    t.state_slot = kWriteList ? p.read_page_0 : -1;
+  } else {
+    w.q_first = static_cast<int64_t>(p.ragged_id) - (C::W - 1);
+    w.lo = (C::kRatio == 4 && p.seq_len <= 4) ? 4 : 0;
+    w.hi = C::W;
+    w.buf_len = p.buffer_len;
+    w.page0 = p.read_page_0;
+    w.page1 = p.read_page_1;
+  }
+  if constexpr (kWriteList) {
+    // Everything above only reads; the state store must wait for pass 1.
+    pdl_wait();
+  }
+  pool_row<C>(w, t, a, sm, team, u, rank);
+  store_gathered_row<C>(t, a, sm, team, u, rank);
+  if constexpr (!kWriteList) pdl_launch_dependents();
+}
+
+// Prefill pass 2 (regular): one warp per WritePlan row copies the input row into the state.
+template <class C>
+__global__ void __launch_bounds__(256) write_kernel(const CompressArgs a) {
+  using TIn = typename C::TIn;
+  using TState = typename C::TState;
+  constexpr int kVecsPerRow = C::kInWidth / 4;
+  constexpr int kPerLane = kVecsPerRow / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t k = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  if (k >= a.rows_w) {
+    return;
+  }
+  const WritePlan p = reinterpret_cast<const WritePlan*>(a.plan_w)[k];
+  const bool valid = p.ragged_id != kInvalidU32;
+  Vec<TIn, 4> x[kPerLane];
+  const TIn* src = static_cast<const TIn*>(a.input) + static_cast<int64_t>(p.ragged_id) * C::kInWidth;
+  if (valid) {
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) x[j] = load_vec<TIn, 4>(src + 4 * (lane + 32 * j));
+  }
+  pdl_wait();  // every read of pass 1 precedes these stores
+  if (!valid) return;
+  TState* dst = static_cast<TState*>(a.state) + static_cast<int64_t>(p.write_loc) * C::kStateWidth;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    Vec<TState, 4> y;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) y.v[i] = from_float<TState>(to_float(x[j].v[i]));
+    store_vec<TState, 4>(dst + 4 * (lane + 32 * j), y);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Launch
+// ------------------------------------------------------------------------------------------
+
+template <typename... KArgs>
+gpuError_t launch(void (*kernel)(KArgs...), unsigned grid, unsigned block, int cluster, bool pdl,
+                  gpuStream_t stream, const CompressArgs& args) {
+  if (grid == 0) return gpuSuccess;
+#if FC_GPU_HIP
+  (void)cluster;
+  (void)pdl;
+  hipLaunchKernelGGL(kernel, dim3(grid), dim3(block), 0, stream, args);
+  return hipGetLastError();
+#else
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attrs[2];
+  unsigned n = 0;
+  if (cluster > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = static_cast<unsigned>(cluster);
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attrs;
+  cfg.numAttrs = n;
+  return cudaLaunchKernelEx(&cfg, kernel, args);
+#endif
+}
+
+#ifndef FC_ENABLE_PDL
+#define FC_ENABLE_PDL 0
+#endif
+
+template <class C>
+unsigned row_grid(int64_t rows) {
+  const int64_t per = C::kRowsPerBlock;
+  return static_cast<unsigned>((rows + per - 1) / per * C::kCSplit);
+}
+
+}  // namespace compress
+
+template <int kRatio, bool kOnline, int kHeadDim, DType kIn, DType kState, DType kOut,
+          StoreFormat kFmt>
+gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt>::run(
+    const CompressArgs& a, gpuStream_t stream) {
+  using namespace compress;
+  constexpr bool kPdl = FC_ENABLE_PDL != 0;
+  if (a.is_decode) {
+    using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kDecode>;
+    return launch(decode_kernel<C>, row_grid<C>(a.rows), C::kThreads, C::kCluster ? C::kCSplit : 1,
+                  false, stream, a);
+  }
+  using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kPrefill>;
+  gpuError_t err = launch(prefill_kernel<C>, row_grid<C>(a.rows), C::kThreads,
+                          C::kCluster ? C::kCSplit : 1, false, stream, a);
+  if (err != gpuSuccess) return err;
+  if constexpr (kOnline) {
+    using CW = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kOnlineWrite>;
+    return launch(prefill_kernel<CW>, row_grid<CW>(a.rows_w), CW::kThreads, 1, kPdl, stream, a);
+  } else {
+    const unsigned grid = static_cast<unsigned>((a.rows_w + 7) / 8);
+    return launch(write_kernel<C>, grid, 256, 1, kPdl, stream, a);
+  }
+}
+
+}  // namespace flashcompress

@@ -1,0 +1,161 @@
+// flashcompress: tvm-ffi binding of the `compress` family (host code, compiled by the host
+// compiler; included only by the binding TU rendered from templates/compress_binding.cpp.j2).
+//
+// CompressBinding<Launch, kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt> holds the export of
+// one variant; Launch is CompressLaunch<...> (compress_launch.h), defined in the kernel TU.
+//
+//   compress(state, input, ape, plan, plan_w, out, is_decode)          kFmt == kNone variants
+//   compress_store(state, input, ape, plan, plan_w, norm_weight, freq, out_loc,
+//                  kvcache, norm_eps, page_size, is_decode)            store variants
+// Both names are exported by every variant (one export list per family); the one that does not
+// match the variant raises RuntimeError.
+//
+//   state        [S, width] TState, contiguous (width 4H | 2H | 3H online)
+//   input        [N, 4H | 2H] TIn;  ape [8 | 128, H] TIn
+//   plan         u8 [rows, 16]; plan_w u8 [rows_w, 8] (online: [rows_w, 16]); decode: ignored
+//   out          [rows, H] TOut
+//   norm_weight  f32 [H]; freq f32 [T, 64]; out_loc i64 [L] (decode: L == rows)
+//   kvcache      u8 [pages, page_bytes(page_size)] (bf16: [rows, 1024 * page_size])
+// Every check raises a named TypeError (dtype) or ValueError (anything else) before a launch;
+// device values are never read. Launches go on the caller's stream (TVMFFIEnvGetStream).
+#pragma once
+
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
+
+#include <cstdint>
+
+#include "compress_launch.h"
+#include "ffi_check.h"
+#include "gpu_runtime.h"
+#include "plan.cuh"
+
+namespace flashcompress {
+namespace compress_binding {
+
+namespace chk = ::flashcompress::ffi_check;
+using tvm::ffi::TensorView;
+
+inline constexpr DLDeviceType kGpuDeviceType = FC_GPU_HIP ? kDLROCM : kDLCUDA;
+
+inline DLDataType dl_dtype(DType d) { return d == DType::kF32 ? chk::kFloat32 : chk::kBFloat16; }
+
+// Page bytes of a cache format (python/flashcompress/layouts.py: CacheFormat.page_bytes).
+inline int64_t page_bytes(StoreFormat fmt, int64_t page_size) {
+  switch (fmt) {
+    case StoreFormat::kV4: return (page_size * 584 + 575) / 576 * 576;
+    case StoreFormat::kIndexFp8: return page_size * 132;
+    case StoreFormat::kIndexFp4: return page_size * 68;
+    case StoreFormat::kBf16: return page_size * 1024;
+    default: return 0;
+  }
+}
+
+template <class Launch, int kRatio, bool kOnline, int kHeadDim, DType kIn, DType kState,
+          DType kOut, StoreFormat kFmt>
+struct CompressBinding {
+  static constexpr int64_t kInWidth = kRatio == 4 ? 4 * kHeadDim : 2 * kHeadDim;
+  static constexpr int64_t kStateWidth = kOnline ? 3 * kHeadDim : kInWidth;
+  static constexpr int64_t kApeRows = kRatio == 4 ? 8 : 128;
+
+  // The tensors every export takes; returns the launch arguments without the outputs.
+  static CompressArgs common(const TensorView& state, const TensorView& input,
+                             const TensorView& ape, const TensorView& plan,
+                             const TensorView& plan_w, bool is_decode) {
+    chk::check_device_type(state, "kv_score_buffer", kGpuDeviceType);
+    const DLDevice dev = state.device();
+    chk::check_tensor(state, "kv_score_buffer", dl_dtype(kState), {chk::kAnySize, kStateWidth}, dev);
+    chk::check_tensor(input, "kv_score_input", dl_dtype(kIn), {chk::kAnySize, kInWidth}, dev);
+    chk::check_tensor(ape, "ape", dl_dtype(kIn), {kApeRows, kHeadDim}, dev);
+    chk::check_tensor(plan, "plan[1]", chk::kUInt8, {chk::kAnySize, 16}, dev);
+    chk::check_aligned(plan, "plan[1]", 16);
+    CompressArgs a{};
+    a.state = state.data_ptr();
+    a.input = input.data_ptr();
+    a.ape = ape.data_ptr();
+    a.plan = static_cast<const uint8_t*>(plan.data_ptr());
+    a.rows = plan.size(0);
+    a.state_rows = state.size(0);
+    a.input_rows = input.size(0);
+    a.is_decode = is_decode;
+    if (is_decode) {
+      TVM_FFI_CHECK(a.input_rows == a.rows, ValueError)
+          << "kv_score_input: expected " << a.rows << " rows (one per decode request), got "
+          << a.input_rows;
+    } else {
+      const int64_t w_bytes = kOnline ? 16 : 8;
+      chk::check_tensor(plan_w, "plan[2]", chk::kUInt8, {chk::kAnySize, w_bytes}, dev);
+      chk::check_aligned(plan_w, "plan[2]", static_cast<uint64_t>(w_bytes));
+      a.plan_w = static_cast<const uint8_t*>(plan_w.data_ptr());
+      a.rows_w = plan_w.size(0);
+      TVM_FFI_CHECK(a.input_rows >= a.rows_w, ValueError)
+          << "kv_score_input: expected >= " << a.rows_w << " rows (write-list rows), got "
+          << a.input_rows;
+    }
+    return a;
+  }
+
+  static void launch(const CompressArgs& a, DLDevice dev) {
+    if (a.rows == 0 && (a.is_decode || a.rows_w == 0)) return;
+    chk::GpuDeviceGuard guard(dev.device_id);
+    const auto stream =
+        static_cast<gpuStream_t>(TVMFFIEnvGetStream(dev.device_type, dev.device_id));
+    FC_CHECK_GPU_ERROR(Launch::run(a, stream));
+  }
+
+  // compress_forward: compressed rows into `out`.
+  static void compress(TensorView state, TensorView input, TensorView ape, TensorView plan,
+                       TensorView plan_w, TensorView out, bool is_decode) {
+    TVM_FFI_CHECK(kFmt == StoreFormat::kNone, RuntimeError)
+        << "compress: this variant ends in a cache store; call compress_store";
+    CompressArgs a = common(state, input, ape, plan, plan_w, is_decode);
+    chk::check_tensor(out, "out", dl_dtype(kOut), {a.rows, kHeadDim}, state.device());
+    a.out = out.data_ptr();
+    launch(a, state.device());
+  }
+
+  // compress_and_store: compressed rows straight into the paged cache.
+  static void compress_store(TensorView state, TensorView input, TensorView ape, TensorView plan,
+                             TensorView plan_w, TensorView norm_weight, TensorView freq,
+                             TensorView out_loc, TensorView kvcache, double norm_eps,
+                             int64_t page_size, bool is_decode) {
+    TVM_FFI_CHECK(kFmt != StoreFormat::kNone, RuntimeError)
+        << "compress_store: this variant has no store epilogue; call compress";
+    CompressArgs a = common(state, input, ape, plan, plan_w, is_decode);
+    const DLDevice dev = state.device();
+    chk::check_tensor(norm_weight, "norm_weight", chk::kFloat32, {kHeadDim}, dev);
+    chk::check_tensor(freq, "freq_cis", chk::kFloat32, {chk::kAnySize, 64}, dev);
+    chk::check_dtype(out_loc, "out_loc", chk::kInt64);
+    chk::check_ndim(out_loc, "out_loc", 1);
+    chk::check_contiguous(out_loc, "out_loc");
+    chk::check_same_device(out_loc, "out_loc", dev);
+    if (is_decode) {
+      TVM_FFI_CHECK(out_loc.size(0) == a.rows, ValueError)
+          << "out_loc: expected " << a.rows << " entries (one per decode request), got "
+          << out_loc.size(0);
+    } else {
+      TVM_FFI_CHECK(out_loc.size(0) >= a.rows, ValueError)
+          << "out_loc: expected >= " << a.rows << " entries (one per query token), got "
+          << out_loc.size(0);
+    }
+    TVM_FFI_CHECK(page_size >= 1 && (page_size & (page_size - 1)) == 0, ValueError)
+        << "page_size: expected a power of two, got " << page_size;
+    chk::check_tensor(kvcache, "kvcache", chk::kUInt8, {chk::kAnySize, page_bytes(kFmt, page_size)},
+                      dev);
+    a.out_loc = static_cast<const int64_t*>(out_loc.data_ptr());
+    a.store.norm_weight = static_cast<const float*>(norm_weight.data_ptr());
+    a.store.freq = static_cast<const float*>(freq.data_ptr());
+    a.store.freq_rows = freq.size(0);
+    a.store.cache = static_cast<uint8_t*>(kvcache.data_ptr());
+    a.store.page_bytes = page_bytes(kFmt, page_size);
+    a.store.norm_eps = static_cast<float>(norm_eps);
+    int shift = 0;
+    while ((int64_t{1} << shift) < page_size) ++shift;
+    a.store.page_shift = shift;
+    launch(a, dev);
+  }
+};
+
+}  // namespace compress_binding
+}  // namespace flashcompress

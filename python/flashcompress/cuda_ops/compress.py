@@ -1,0 +1,195 @@
+"""The ``compress`` JIT family: CUDA kernels of ``compress_forward`` and ``compress_and_store``.
+
+Same functions and signatures as the PyTorch backend's op entry points
+(``torch_backend/ops.py``); arguments arrive validated by ``flashcompress.api``.
+Kernels: ``jit_kernel/compress.cuh`` (header comment: shapes, plan rows read,
+thread mapping), binding checks ``jit_kernel/compress_binding.h``, templates
+``templates/compress_{kernel.cu,binding.cpp}.j2`` (one explicit instantiation).
+
+Variant parameters::
+
+    ratio       4 | 128                 online      False | True (ratio 128, head 512)
+    head_dim    512 | 128 (ratio 4)     in_dtype / state_dtype / out_dtype   "f32" | "bf16"
+    store       "none" (compress_forward) | "v4" | "bf16" (head 512) | "idx_fp8" | "idx_fp4" (head 128)
+
+A store variant rounds each compressed row to the input dtype (``out_dtype ==
+in_dtype``, the dtype of the two-step path's intermediate) before the store.
+
+Every call launches on the caller's current CUDA stream and never synchronises:
+decode is one kernel; prefill is the compress pass then the write pass (the
+second waits on the first through programmatic dependent launch on SM90).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from ..jit.family import Family, register_family
+from ..jit.models import model_config
+from ..layouts import CacheFormat
+
+__all__ = ["COMPRESS", "compress_and_store", "compress_forward"]
+
+_DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
+_FORMATS: dict[str, str] = {"v4": "v4", "idx_fp8": "idx_fp8", "idx_fp4": "idx_fp4", "bf16": "bf16"}
+
+
+def _validate(p: Mapping[str, Any]) -> None:
+    """The constraints ``space`` cannot express (the peer's variant inventory, plus stores)."""
+    ratio, online, head, store = p["ratio"], p["online"], p["head_dim"], p["store"]
+    if ratio == 128 and head != 512:
+        raise ValueError(f"compress: ratio 128 exists only with head_dim 512, got {head}")
+    if online and not (ratio == 128 and p["in_dtype"] == "f32" and p["out_dtype"] == "f32"):
+        raise ValueError("compress: online=True needs ratio 128, head_dim 512 and f32 input and output")
+    if store in ("v4", "bf16") and head != 512:
+        raise ValueError(f"compress: store={store!r} is the main-KV format (head_dim 512), got {head}")
+    if store in ("idx_fp8", "idx_fp4") and head != 128:
+        raise ValueError(f"compress: store={store!r} is an indexer format (head_dim 128), got {head}")
+    if store != "none" and p["out_dtype"] != p["in_dtype"]:
+        raise ValueError("compress: a store variant rounds rows to the input dtype (out_dtype == in_dtype)")
+
+
+def _presets(model: str) -> list[dict[str, Any]]:
+    """What DeepSeek-V4 runs: fp32 input and state, every layer kind, plain and fused."""
+    cfg = model_config(model)
+    f32 = {"in_dtype": "f32", "state_dtype": "f32", "out_dtype": "f32"}
+    out: list[dict[str, Any]] = []
+    if 4 in cfg.compress_ratios:
+        for store in ("none", "v4"):
+            out.append({"ratio": 4, "online": False, "head_dim": cfg.head_dim, **f32, "store": store})
+        for store in ("none", "idx_fp8", "idx_fp4"):
+            out.append({"ratio": 4, "online": False, "head_dim": cfg.index_head_dim, **f32, "store": store})
+    if 128 in cfg.compress_ratios:
+        for online in (False, True):
+            for store in ("none", "v4"):
+                out.append({"ratio": 128, "online": online, "head_dim": cfg.head_dim, **f32, "store": store})
+    return out
+
+
+def _warmup(key: Any) -> None:
+    """Launch a loaded variant once on the current GPU: one decode row that closes a window."""
+    from ..jit import load
+
+    p = key.param_dict
+    ratio, head, online, store = int(p["ratio"]), int(p["head_dim"]), bool(p["online"]), str(p["store"])
+    dt = {"f32": torch.float32, "bf16": torch.bfloat16}
+    dev = torch.device("cuda", torch.cuda.current_device())
+    width_in = (4 if ratio == 4 else 2) * head
+    width_state = 3 * head if online else width_in
+    state = torch.zeros((2 * ratio, width_state), dtype=dt[p["state_dtype"]], device=dev)
+    inp = torch.zeros((1, width_in), dtype=dt[p["in_dtype"]], device=dev)
+    ape = torch.zeros((8 if ratio == 4 else 128, head), dtype=dt[p["in_dtype"]], device=dev)
+    row = [ratio, ratio - 1, 0, 0] if not online else [128, 1, 1, -1]
+    plan = torch.tensor(row, dtype=torch.int32).view(torch.uint8).view(1, 16).to(dev)
+    module = load(key)
+    if store == "none":
+        out = torch.empty((1, head), dtype=dt[p["out_dtype"]], device=dev)
+        module.compress(state, inp, ape, plan, plan, out, True)
+    else:
+        from ..layouts import select_cache_format
+
+        fmt = select_cache_format(head, store == "idx_fp4", store == "bf16")
+        cache = torch.zeros((1, _page_bytes(fmt, 1)), dtype=torch.uint8, device=dev)
+        weight = torch.ones((head,), dtype=torch.float32, device=dev)
+        freq = torch.zeros((1, 64), dtype=torch.float32, device=dev)
+        loc = torch.zeros((1,), dtype=torch.int64, device=dev)
+        module.compress_store(state, inp, ape, plan, plan, weight, freq, loc, cache, 1e-6, 1, True)
+    torch.cuda.synchronize()
+
+
+COMPRESS = register_family(
+    Family(
+        "compress",
+        sources=(("compress_kernel.cu.j2", "kernel.cu"), ("compress_binding.cpp.j2", "binding.cpp")),
+        exports=("compress", "compress_store"),
+        space={
+            "ratio": (4, 128),
+            "online": (False, True),
+            "head_dim": (512, 128),
+            "in_dtype": ("f32", "bf16"),
+            "state_dtype": ("f32", "bf16"),
+            "out_dtype": ("f32", "bf16"),
+            "store": ("none", "v4", "idx_fp8", "idx_fp4", "bf16"),
+        },
+        warmup=_warmup,
+    ),
+    validate=_validate,
+    presets=_presets,
+)
+
+
+def _page_bytes(fmt: CacheFormat, page_size: int) -> int:
+    return fmt.data_bytes * page_size if fmt.scale_bytes == 0 else fmt.page_bytes(page_size)
+
+
+_MODULES: dict[tuple[Any, ...], Any] = {}
+
+
+def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: torch.dtype,
+            out: torch.dtype, store: str) -> Any:
+    """The loaded variant, memoised on the call's own values (one tuple, one dict lookup)."""
+    memo = (ratio, online, head_dim, inp, state, out, store)
+    module = _MODULES.get(memo)
+    if module is None:
+        from ..jit import get_module
+
+        module = get_module("compress", ratio=ratio, online=online, head_dim=head_dim, in_dtype=_DTYPES[inp],
+                            state_dtype=_DTYPES[state], out_dtype=_DTYPES[out], store=store)
+        _MODULES[memo] = module
+    return module
+
+
+def compress_forward(
+    state: torch.Tensor,
+    inp: torch.Tensor,
+    ape: torch.Tensor,
+    plan_rows: torch.Tensor,
+    plan_w: torch.Tensor | None,
+    out: torch.Tensor,
+    *,
+    ratio: int,
+    head_dim: int,
+    is_online: bool,
+) -> None:
+    """Pool windows into ``out`` and update the state pool (decode: ``plan_w`` is None)."""
+    if ape.dtype != inp.dtype:
+        ape = ape.to(inp.dtype)
+    module = _module(ratio, is_online, head_dim, inp.dtype, state.dtype, out.dtype, "none")
+    is_decode = plan_w is None
+    module.compress(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, out, is_decode)
+
+
+def compress_and_store(
+    state: torch.Tensor,
+    inp: torch.Tensor,
+    ape: torch.Tensor,
+    plan_rows: torch.Tensor,
+    plan_w: torch.Tensor | None,
+    *,
+    ratio: int,
+    head_dim: int,
+    is_online: bool,
+    is_decode: bool,
+    norm_weight: torch.Tensor,
+    norm_eps: float,
+    freq_cis: torch.Tensor,
+    out_loc: torch.Tensor,
+    kvcache: torch.Tensor,
+    page_size: int,
+    fmt: CacheFormat,
+) -> None:
+    """Pool windows, update the state pool and store each compressed row into ``kvcache``."""
+    if ape.dtype != inp.dtype:
+        ape = ape.to(inp.dtype)
+    if norm_weight.dtype != inp.dtype:  # the two-step path rounds the weight to the kv dtype
+        norm_weight = norm_weight.to(inp.dtype)
+    if norm_weight.dtype != torch.float32:
+        norm_weight = norm_weight.float()
+    freq = torch.view_as_real(freq_cis).flatten(-2)
+    if not freq.is_contiguous():
+        freq = freq.contiguous()
+    module = _module(ratio, is_online, head_dim, inp.dtype, state.dtype, inp.dtype, _FORMATS[fmt.name])
+    module.compress_store(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, norm_weight, freq,
+                          out_loc, kvcache, float(norm_eps), int(page_size), is_decode)

@@ -1,0 +1,459 @@
+"""GPU parity of the ``compress`` kernel family (``compress_forward`` and ``compress_and_store``).
+
+Every op an engine simulation issues (``flashcompress.testing.simulator``: both addressing
+modes, wrapping and speculative rings, chunked prefill, rolled-back verify steps, CUDA-graph
+padding rows, online C128) runs through a *tee* backend: the PyTorch backend runs first on
+clones of the state and outputs, then the JIT kernels on the real buffers from the same
+inputs, and the two are compared before the simulation goes on:
+
+* state pool: bit-identical (online C128: running max exact, sum within 1e-6 relative, mean
+  within 1e-5 of the row's max |mean|; rows the call must not touch bit-identical);
+* outputs (poisoned with NaN before the kernel runs): fp32 within 1e-5 of each row's max
+  |value| and relative L2 <= 1e-6 per row; bf16 within one bf16 ulp, or 2^-8 of the row's
+  max |value|;
+* ``compress_and_store``: the fused launch against the two-step GPU path from clones: the
+  same cache bytes and a bit-identical state pool.
+
+Plus: the golden vectors of SGLang's kernels, CUDA-graph capture = eager, no host
+synchronisation, and the debug-mode bound checks on CUDA tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import flashcompress
+from _golden import load_golden
+from flashcompress import api
+from flashcompress.testing import simulator as S
+from flashcompress.torch_backend import ops as torch_ops
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _cuda_ops():
+    from flashcompress.cuda_ops import ops
+
+    return ops
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+def assert_state_parity(got: torch.Tensor, ref: torch.Tensor, before: torch.Tensor, online: bool,
+                        head_dim: int, what: str) -> None:
+    diff = (_bits(got) != _bits(ref)).any(dim=1)
+    if not online:
+        if bool(diff.any()):
+            row = int(diff.nonzero()[0])
+            col = int((_bits(got[row]) != _bits(ref[row])).nonzero()[0])
+            raise AssertionError(f"{what}: state row {row} col {col}: got {got[row, col].item()!r} "
+                                 f"expected {ref[row, col].item()!r}")
+        return
+    touched = (_bits(ref) != _bits(before)).any(dim=1) | (_bits(got) != _bits(before)).any(dim=1)
+    if bool((diff & ~touched).any()):
+        raise AssertionError(f"{what}: an untouched online state row changed")
+    H = head_dim
+    rows = diff.nonzero().flatten()
+    if rows.numel() == 0:
+        return
+    g, r = got[rows].double(), ref[rows].double()
+    assert torch.equal(_bits(got[rows][:, :H]), _bits(ref[rows][:, :H])), f"{what}: running max differs"
+    s_err = ((g[:, H:2 * H] - r[:, H:2 * H]).abs() / r[:, H:2 * H].abs().clamp_min(1e-30)).max()
+    assert s_err <= 1e-6, f"{what}: running sum relative error {float(s_err):.3g}"
+    k_scale = r[:, 2 * H:].abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+    k_err = ((g[:, 2 * H:] - r[:, 2 * H:]).abs() / k_scale).max()
+    assert k_err <= 1e-5, f"{what}: running mean error {float(k_err):.3g} of the row max"
+
+
+def assert_out_parity(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    assert got.shape == ref.shape and got.dtype == ref.dtype, what
+    g, r = got.double(), ref.double()
+    if not bool(torch.isfinite(g).all()):
+        row = int((~torch.isfinite(g)).any(dim=1).nonzero()[0])
+        raise AssertionError(f"{what}: row {row} not written (poison left) or not finite")
+    zero = (r == 0).all(dim=1)
+    assert bool((g[zero] == 0).all()), f"{what}: rows without an event must be zeros"
+    scale = r.abs().amax(dim=1, keepdim=True).clamp_min(1e-30)
+    err = (g - r).abs()
+    if got.dtype == torch.float32:
+        bad = err > 1e-5 * scale
+        l2 = (err.pow(2).sum(dim=1).sqrt() / r.pow(2).sum(dim=1).sqrt().clamp_min(1e-30))
+        if bool(l2[~zero].gt(1e-6).any()):
+            row = int((l2 > 1e-6).nonzero()[0])
+            raise AssertionError(f"{what}: row {row} relative L2 error {float(l2[row]):.3g} > 1e-6")
+    else:
+        ulp = torch.exp2(torch.floor(torch.log2(r.abs().clamp_min(1e-38))) - 7)
+        bad = (err > ulp) & (err > scale * 2.0**-8)
+    if bool(bad.any()):
+        row, col = bad.nonzero()[0].tolist()
+        raise AssertionError(f"{what}: row {row} col {col}: got {g[row, col].item()!r} expected "
+                             f"{r[row, col].item()!r} (row max {scale[row, 0].item():.4g})")
+
+
+class Tee:
+    """A backend module that runs the reference on clones, then the kernels, and compares."""
+
+    def __init__(self, in_dtype: torch.dtype | None = None):
+        self.kernel = _cuda_ops()
+        self.in_dtype = in_dtype  # cast inputs (both backends see the same cast tensor)
+        self.calls = {"compress_forward": 0, "compress_norm_rope_store": 0, "compress_and_store": 0}
+
+    def _inputs(self, inp: torch.Tensor, ape: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.in_dtype is None or self.in_dtype == inp.dtype:
+            return inp, ape
+        return inp.to(self.in_dtype), ape.to(self.in_dtype)
+
+    def compress_forward(self, state, inp, ape, plan_rows, plan_w, out, *, ratio, head_dim, is_online):
+        inp, ape = self._inputs(inp, ape)
+        kout = out if out.dtype == inp.dtype or self.in_dtype is None else torch.empty_like(out, dtype=inp.dtype)
+        before = state.clone()
+        ref_state, ref_out = state.clone(), torch.full_like(kout, float("nan"))
+        kw = dict(ratio=ratio, head_dim=head_dim, is_online=is_online)
+        torch_ops.compress_forward(ref_state, inp, ape, plan_rows, plan_w, ref_out, **kw)
+        kout.fill_(float("nan"))
+        self.kernel.compress_forward(state, inp, ape, plan_rows, plan_w, kout, **kw)
+        what = f"compress_forward call {self.calls['compress_forward']} ({'decode' if plan_w is None else 'prefill'})"
+        assert_state_parity(state, ref_state, before, is_online, head_dim, what)
+        assert_out_parity(kout, ref_out, what)
+        if kout is not out:
+            out.copy_(kout)
+        self.calls["compress_forward"] += 1
+
+    def compress_norm_rope_store(self, kv, plan_rows, **kw):
+        self.kernel.compress_norm_rope_store(kv, plan_rows, **kw)
+        self.calls["compress_norm_rope_store"] += 1
+
+    def compress_and_store(self, state, inp, ape, plan_rows, plan_w, **kw):
+        inp, ape = self._inputs(inp, ape)
+        ref_state, ref_cache = state.clone(), kw["kvcache"].clone()
+        ref_kw = dict(kw, kvcache=ref_cache)
+        # the two-step GPU path on clones
+        H, ratio = kw["head_dim"], kw["ratio"]
+        kv = torch.full((plan_rows.shape[0], H), float("nan"), dtype=inp.dtype, device=inp.device)
+        self.kernel.compress_forward(ref_state, inp, ape, plan_rows, plan_w, kv, ratio=ratio, head_dim=H,
+                                     is_online=kw["is_online"])
+        if plan_rows.shape[0]:
+            self.kernel.compress_norm_rope_store(
+                kv, plan_rows, is_decode=kw["is_decode"], ratio=ratio, norm_weight=kw["norm_weight"],
+                norm_eps=kw["norm_eps"], freq_cis=kw["freq_cis"], out_loc=kw["out_loc"], kvcache=ref_cache,
+                page_size=kw["page_size"], fmt=kw["fmt"])
+        self.kernel.compress_and_store(state, inp, ape, plan_rows, plan_w, **kw)
+        what = f"compress_and_store call {self.calls['compress_and_store']}"
+        assert torch.equal(_bits(state), _bits(ref_state)), f"{what}: state differs from the two-step path"
+        if not torch.equal(kw["kvcache"], ref_cache):
+            diff = (kw["kvcache"] != ref_cache).nonzero()
+            page, byte = diff[0].tolist()
+            raise AssertionError(f"{what}: {diff.shape[0]} cache bytes differ from the two-step path, first at "
+                                 f"page {page} byte {byte}: {int(kw['kvcache'][page, byte])} vs "
+                                 f"{int(ref_cache[page, byte])}")
+        self.calls["compress_and_store"] += 1
+        del ref_kw
+
+
+@pytest.fixture()
+def tee(monkeypatch: pytest.MonkeyPatch):
+    def make(in_dtype: torch.dtype | None = None) -> Tee:
+        t = Tee(in_dtype)
+        monkeypatch.setattr(api, "ops_backend", lambda device: t)
+        return t
+
+    return make
+
+
+def _scenarios() -> dict[str, S.Scenario]:
+    from test_properties import SCENARIOS
+
+    return SCENARIOS
+
+
+@pytest.mark.parametrize("name", list(_scenarios()))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kernels_match_torch_over_engine_simulation(tee, name: str, seed: int) -> None:
+    t = tee()
+    res = S.simulate(_scenarios()[name], device="cuda", seed=seed)
+    assert t.calls["compress_forward"] > 0
+    assert res.ok, res.summary()
+
+
+@pytest.mark.parametrize("name", list(_scenarios()))
+def test_fused_matches_two_step_over_engine_simulation(tee, name: str) -> None:
+    t = tee()
+    res = S.simulate(dataclasses.replace(_scenarios()[name], fused=True), device="cuda", seed=0)
+    assert t.calls["compress_and_store"] > 0
+    assert res.ok, res.summary()
+
+
+@pytest.mark.parametrize("name", ["c4_paged_ring8", "c128_ring128", "c128_bf16_state", "c4_bf16_state_bf16_store"])
+def test_bf16_input_kernels_match_torch(tee, name: str) -> None:
+    t = tee(torch.bfloat16)
+    S.simulate(_scenarios()[name], device="cuda", seed=0)  # the float64 model check does not apply
+    assert t.calls["compress_forward"] > 0
+
+
+COMPRESS_FILES = ["compress/c4_h512.pt", "compress/c4_h128.pt", "compress/c128_h512.pt",
+                  "compress/c128_online_h512.pt", "compress/c4_h512_bf16.pt", "compress/c4_h128_bf16state.pt"]
+
+
+@pytest.mark.parametrize("path", COMPRESS_FILES)
+def test_kernels_reproduce_golden(path: str) -> None:
+    from flashcompress import CompressorDecodePlan, CompressorPrefillPlan
+    from test_golden_plans_compress import assert_rows_close
+
+    d = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in load_golden(path).items()}
+    r, H, online = d["compress_ratio"], d["head_dim"], d["is_online"]
+    state = d["state_before"].clone()
+    flat = state.view(-1, state.shape[-1])
+    for k in range(d["num_steps"]):
+        s = lambda n: d[f"step{k}.{n}"]  # noqa: E731
+        expected = flat.clone()
+        expected[s("state_rows_changed")] = s("state_rows_after")
+        plan = (CompressorDecodePlan(r, s("plan_d")) if s("kind") == "decode"
+                else CompressorPrefillPlan(r, s("plan_c"), s("plan_w")))
+        out = torch.full_like(s("out"), float("nan"))
+        flashcompress.compress_forward(state, s("kv_score_input"), d["ape"], plan, head_dim=H, compress_ratio=r,
+                                       out=out, is_online=online)
+        where = f"{path} step{k}"
+        if online:
+            torch.testing.assert_close(flat.float(), expected.float(), rtol=1e-5, atol=1e-6, msg=where)
+        else:
+            assert torch.equal(flat, expected), f"{where}: state differs"
+        keep = ~s("out_dont_care")
+        assert_rows_close(out[keep].cpu(), s("out")[keep].cpu(), 1e-6, where)
+        assert bool((out[~keep] == 0).all()), where
+
+
+# ---------------------------------------------------------------------------
+# CUDA graphs, streams, no host synchronisation
+# ---------------------------------------------------------------------------
+
+
+def _decode_world(ratio: int, batch: int, head: int, online: bool, seed: int = 0):
+    """A request-ring world (every ratio / mode supports it) with random state and inputs."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    ring = 1 if online else (8 if ratio == 4 else 128)
+    slots = batch + 1
+    width = 3 * head if online else (4 if ratio == 4 else 2) * head
+    rows = slots * ring if online else -(-slots * ring // ratio) * ratio
+    state = torch.randn((rows, width), generator=g, device="cuda")
+    if online:
+        state[:, head:2 * head] = state[:, head:2 * head].abs() + 0.5  # sums are positive
+    r2t = torch.arange(slots * 4096, dtype=torch.int32, device="cuda").view(slots, 4096)
+    f2s = torch.arange(slots * 4096 + 1, dtype=torch.int64, device="cuda")
+    return state, r2t, f2s, ring
+
+
+def _decode_plan(ratio, online, rids, seq, r2t, f2s, ring):
+    from flashcompress import CompressorDecodePlan
+
+    if online:
+        return CompressorDecodePlan.generate_online(seq, rids, r2t, 0)
+    return CompressorDecodePlan.generate(ratio, rids, r2t, f2s, seq, 256, ring, ratio == 4)
+
+
+@pytest.mark.parametrize("ratio,head,online", [(4, 512, False), (4, 128, False), (128, 512, False), (128, 512, True)])
+def test_decode_graph_replay_equals_eager(ratio: int, head: int, online: bool) -> None:
+    B, pad = 5, 8
+    state, r2t, f2s, ring = _decode_world(ratio, pad, head, online)
+    width_in = (4 if ratio == 4 else 2) * head
+    ape = torch.randn((8 if ratio == 4 else 128, head), device="cuda")
+    rids = torch.arange(1, pad + 1, device="cuda")
+    steps = []
+    for step in range(3):
+        seq = torch.ones(pad, dtype=torch.int64, device="cuda")  # padding rows: seq_len 1
+        seq[:B] = torch.tensor([ratio * (3 + step), ratio * 5 - 1 + step, 1000 + step, 7 + step, 128 * 2], device="cuda")
+        steps.append((seq, torch.randn((pad, width_in), device="cuda")))
+    # eager
+    eager_state = state.clone()
+    eager_out = []
+    for seq, x in steps:
+        plan = _decode_plan(ratio, online, rids, seq, r2t, f2s, ring)
+        eager_out.append(flashcompress.compress_forward(eager_state, x, ape, plan, head_dim=head,
+                                                        compress_ratio=ratio, is_online=online).clone())
+    # graph: a static plan refreshed with copy_, static input and output buffers
+    g_state = state.clone()
+    static_x = torch.zeros((pad, width_in), device="cuda")
+    static_plan = _decode_plan(ratio, online, rids, steps[0][0], r2t, f2s, ring)
+    static_out = torch.empty((pad, head), device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up outside capture (module load)
+        flashcompress.compress_forward(state.clone(), static_x, ape, static_plan, head_dim=head,
+                                       compress_ratio=ratio, out=static_out, is_online=online)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flashcompress.compress_forward(g_state, static_x, ape, static_plan, head_dim=head, compress_ratio=ratio,
+                                       out=static_out, is_online=online)
+    g_state.copy_(state)
+    for (seq, x), want in zip(steps, eager_out):
+        static_plan.copy_(_decode_plan(ratio, online, rids, seq, r2t, f2s, ring))
+        static_x.copy_(x)
+        graph.replay()
+        assert torch.equal(static_out, want)
+    torch.cuda.synchronize()
+    assert torch.equal(g_state, eager_state)
+
+
+@pytest.mark.parametrize("ratio,head", [(4, 512), (4, 128), (128, 512)])
+def test_prefill_graph_mode_plans_capture(ratio: int, head: int) -> None:
+    from flashcompress import CompressorPrefillPlan
+
+    state, r2t, f2s, ring = _decode_world(ratio, 4, head, False)
+    width_in = (4 if ratio == 4 else 2) * head
+    ape = torch.randn((8 if ratio == 4 else 128, head), device="cuda")
+    rids = torch.tensor([1, 2, 3], device="cuda")
+    seq = torch.tensor([300, 133, 260], device="cuda")
+    ext = torch.tensor([100, 133, 9], device="cuda")
+    num_q = 256  # padded bucket
+    x = torch.randn((num_q, width_in), device="cuda")
+    plan = CompressorPrefillPlan.generate(ratio, rids, seq, ext, r2t, f2s, 256, ring, num_q, True, ratio == 4)
+    eager_state = state.clone()
+    want = flashcompress.compress_forward(eager_state, x, ape, plan, head_dim=head, compress_ratio=ratio)
+    g_state = state.clone()
+    out = torch.empty_like(want)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan_g = CompressorPrefillPlan.generate(ratio, rids, seq, ext, r2t, f2s, 256, ring, num_q, True, ratio == 4)
+        flashcompress.compress_forward(g_state, x, ape, plan_g, head_dim=head, compress_ratio=ratio, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+    assert torch.equal(g_state, eager_state)
+
+
+def test_no_host_synchronisation() -> None:
+    from flashcompress import CompressorPrefillPlan
+
+    ratio, head = 4, 512
+    state, r2t, f2s, ring = _decode_world(ratio, 4, head, False)
+    ape = torch.randn((8, head), device="cuda")
+    rids = torch.tensor([1, 2], device="cuda")
+    seq = torch.tensor([64, 9], device="cuda")
+    dplan = _decode_plan(ratio, False, rids, seq, r2t, f2s, ring)
+    pplan = CompressorPrefillPlan.generate(ratio, rids, seq, torch.tensor([30, 9], device="cuda"), r2t, f2s, 256,
+                                           ring, 64, True, True)
+    x2, x64 = torch.randn((2, 4 * head), device="cuda"), torch.randn((64, 4 * head), device="cuda")
+    out2 = torch.empty((2, head), device="cuda")
+    out64 = torch.empty((pplan[1].shape[0], head), device="cuda")
+    flashcompress.compress_forward(state, x2, ape, dplan, head_dim=head, compress_ratio=ratio, out=out2)  # load
+    flashcompress.compress_forward(state, x64, ape, pplan, head_dim=head, compress_ratio=ratio, out=out64)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            flashcompress.compress_forward(state, x2, ape, dplan, head_dim=head, compress_ratio=ratio, out=out2)
+            flashcompress.compress_forward(state, x64, ape, pplan, head_dim=head, compress_ratio=ratio, out=out64)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+def test_runs_on_the_callers_stream() -> None:
+    ratio, head = 128, 512
+    state, r2t, f2s, ring = _decode_world(ratio, 2, head, False)
+    ape = torch.randn((128, head), device="cuda")
+    rids = torch.tensor([1, 2], device="cuda")
+    seq = torch.tensor([256, 384], device="cuda")
+    plan = _decode_plan(ratio, False, rids, seq, r2t, f2s, ring)
+    x = torch.randn((2, 2 * head), device="cuda")
+    ref_state = state.clone()
+    want = flashcompress.compress_forward(ref_state, x, ape, plan, head_dim=head, compress_ratio=ratio)
+    s = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(20_000_000)  # keep the side stream busy: a launch on another stream would race ahead
+        got = flashcompress.compress_forward(state, x, ape, plan, head_dim=head, compress_ratio=ratio)
+    s.synchronize()
+    assert torch.equal(got, want) and torch.equal(state, ref_state)
+
+
+# ---------------------------------------------------------------------------
+# Debug-mode bounds on CUDA tensors
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def debug_mode(monkeypatch: pytest.MonkeyPatch):
+    from flashcompress.jit import settings
+
+    monkeypatch.setenv("FLASHCOMPRESS_DEBUG", "1")
+    settings.reload_settings()
+    yield
+    monkeypatch.delenv("FLASHCOMPRESS_DEBUG")
+    settings.reload_settings()
+
+
+def _with_word(plan_bytes: torch.Tensor, row: int, word: int, value: int) -> torch.Tensor:
+    p = plan_bytes.clone()
+    p.view(torch.int32)[row, word] = value
+    return p
+
+
+@pytest.mark.parametrize("field,word,value", [("write_loc", 1, 10**6), ("read_page_0", 2, -3), ("read_page_1", 3, 10**5)])
+def test_debug_mode_rejects_out_of_range_decode_plans(debug_mode, field: str, word: int, value: int) -> None:
+    from flashcompress import CompressorDecodePlan
+
+    ratio, head = 4, 512
+    state, r2t, f2s, ring = _decode_world(ratio, 2, head, False)
+    ape = torch.randn((8, head), device="cuda")
+    rids = torch.tensor([1, 2], device="cuda")
+    good = _decode_plan(ratio, False, rids, torch.tensor([8, 12], device="cuda"), r2t, f2s, ring)
+    bad = CompressorDecodePlan(ratio, _with_word(good[1], 0, word, value))
+    x = torch.randn((2, 4 * head), device="cuda")
+    before = state.clone()
+    out = torch.full((2, head), 7.0, device="cuda")
+    with pytest.raises(ValueError, match="plan"):
+        flashcompress.compress_forward(state, x, ape, bad, head_dim=head, compress_ratio=ratio, out=out)
+    assert torch.equal(state, before) and bool((out == 7).all())
+    flashcompress.compress_forward(state, x, ape, good, head_dim=head, compress_ratio=ratio, out=out)
+    torch.cuda.synchronize()  # no illegal address left behind
+
+
+@pytest.mark.parametrize("field", ["ragged_id", "read_page_1", "write_loc", "write_ragged_id"])
+def test_debug_mode_rejects_out_of_range_prefill_plans(debug_mode, field: str) -> None:
+    from flashcompress import CompressorPrefillPlan
+
+    ratio, head = 128, 512
+    state, r2t, f2s, ring = _decode_world(ratio, 2, head, False)
+    ape = torch.randn((128, head), device="cuda")
+    rids = torch.tensor([1], device="cuda")
+    seq, ext = torch.tensor([300]), torch.tensor([100])
+    good = CompressorPrefillPlan.generate(ratio, rids, seq, ext, r2t, f2s, 256, ring, 100, False, False)
+    plan_c, plan_w = good[1].clone(), good[2].clone()
+    if field == "ragged_id":  # u16 at bytes 4-5: past the input
+        plan_c.view(torch.int16)[0, 2] = 3000
+    elif field == "read_page_1":
+        plan_c.view(torch.int32)[0, 3] = 10**5
+    elif field == "write_loc":
+        plan_w.view(torch.int32)[0, 1] = 10**6
+    else:
+        plan_w.view(torch.int32)[0, 0] = 5000
+    bad = CompressorPrefillPlan(ratio, plan_c, plan_w)
+    x = torch.randn((100, 2 * head), device="cuda")
+    before = state.clone()
+    with pytest.raises(ValueError, match="plan"):
+        flashcompress.compress_forward(state, x, ape, bad, head_dim=head, compress_ratio=ratio)
+    assert torch.equal(state, before)
+    flashcompress.compress_forward(state, x, ape, good, head_dim=head, compress_ratio=ratio)
+    torch.cuda.synchronize()
+
+
+def test_empty_batches_are_no_ops() -> None:
+    from flashcompress import CompressorDecodePlan
+
+    state = torch.randn((16, 2048), device="cuda")
+    before = state.clone()
+    plan = CompressorDecodePlan(4, torch.empty((0, 16), dtype=torch.uint8, device="cuda"))
+    out = flashcompress.compress_forward(state, torch.empty((0, 2048), device="cuda"),
+                                         torch.randn((8, 512), device="cuda"), plan, head_dim=512,
+                                         compress_ratio=4)
+    assert out.shape == (0, 512) and torch.equal(state, before)
+    assert math.isfinite(float(state.sum()))
