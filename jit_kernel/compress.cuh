@@ -62,6 +62,7 @@
 #include "compress_launch.h"
 #include "gpu_runtime.h"
 #include "plan.cuh"
+#include "store.cuh"
 #include "vec.cuh"
 
 #if !FC_GPU_HIP
@@ -69,14 +70,6 @@
 #endif
 
 namespace flashcompress {
-
-namespace store {
-// Defined in store.cuh (the kernel TU of a store variant includes it): one warp stores one row;
-// lane `lane` holds v[4*j + i] = dim 128*j + 4*lane + i (fp32, before RMSNorm).
-template <int kHeadDim, StoreFormat kFmt>
-__device__ void store_row(float (&v)[kHeadDim / 32], int lane, int64_t position, int64_t loc,
-                          const StoreArgs& args);
-}  // namespace store
 
 namespace compress {
 
