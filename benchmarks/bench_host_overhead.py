@@ -1,29 +1,45 @@
-"""Host-side cost of one API call: validation + dispatch, with the backend op stubbed out.
+"""Host-side cost of one API call (decode): validation + dispatch, and the full eager path.
 
-Engines call these ops thousands of times a second, so the Python between the
-call and the launch must stay near 10 µs.  This script replaces the backend
-functions with no-ops and times the remaining host path per call.
+Engines call these ops thousands of times a second, so the Python between the call and
+the launch must stay near 10 us.  Two measurements per op (compress_forward,
+compress_norm_rope_store, compress_and_store), on a decode batch built like
+``bench_compress.py``'s ``rand`` case (``--batch`` requests, C4 head 512 by default,
+V4 store at page 64):
 
-    python benchmarks/bench_host_overhead.py [--device cuda]
+* ``stub``: the backend ops replaced by no-ops; what remains is validation + dispatch.
+* ``full``: the real call: validation + dispatch + the backend's host code + the kernel
+  launch(es).  On CUDA the GPU is first given a long spin kernel so that every launch
+  only queues (the GPU stays far ahead of the host); ``time.perf_counter`` over
+  ``--iters`` back-to-back calls, one sync at the end.  The note says whether the GPU was
+  still busy when the host finished (if not, the calls waited on the GPU somewhere, e.g.
+  a backend path that synchronises).  On the CPU the op itself runs on the host, so
+  ``full`` there is the whole op, not overhead.
 
-Data-dependent checks (debug tier) are excluded on CUDA unless
-FLASHCOMPRESS_DEBUG=1; on CPU they always run, which this table shows too.
+    python benchmarks/bench_host_overhead.py [--device cuda|cpu] [--mode stub|full|all] [--batch 64]
+
+Data-dependent checks (debug tier) are excluded on CUDA unless FLASHCOMPRESS_DEBUG=1; on
+CPU they always run unless ``--metadata-only`` (which the table shows too).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from types import SimpleNamespace
 
 import torch
 
+import _common as C
 import flashcompress.api as api
-from flashcompress import CompressorDecodePlan, compress_forward, compress_norm_rope_store
-from flashcompress.layouts import MAIN_V4
+import flashcompress.validation as V
+from flashcompress import compress_and_store, compress_forward, compress_norm_rope_store
+
+NORM_EPS = 1e-6
 
 
-def per_call_us(fn, iters: int = 2000) -> float:
-    for _ in range(50):
+def per_call_us(fn, iters: int, warmup: int = 20) -> float:
+    for _ in range(warmup):
         fn()
     t0 = time.perf_counter()
     for _ in range(iters):
@@ -31,51 +47,90 @@ def per_call_us(fn, iters: int = 2000) -> float:
     return (time.perf_counter() - t0) / iters * 1e6
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+def full_call_us(fn, iters: int, timer: C.Timer | None) -> tuple[float, str]:
+    """Wall µs per real call; on CUDA behind a long spin so launches only queue."""
+    for _ in range(3):
+        fn()
+    if timer is None:  # CPU: the op runs on the host
+        return per_call_us(fn, iters, warmup=0), "cpu: includes the op itself"
+    torch.cuda.synchronize()
+    timer.spin(max(20_000.0, iters * 150.0))  # far more GPU time than the host needs for the loop
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    t1 = time.perf_counter()
+    end = torch.cuda.Event()
+    end.record()
+    busy = not end.query()
+    torch.cuda.synchronize()
+    return (t1 - t0) / iters * 1e6, ("GPU far ahead" if busy else "GPU caught up: the calls waited on it (sync?)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--layer", choices=sorted(C.LAYERS), default="c4-512")
+    parser.add_argument("--mode", choices=("stub", "full", "all"), default="all")
+    parser.add_argument("--iters", type=int, default=None, help="calls per measurement (default 2000 stub / "
+                        "200 full on CUDA; 200 / 10 on CPU)")
     parser.add_argument("--metadata-only", action="store_true",
-                        help="skip the data-dependent checks on CPU too (what a CUDA call costs without FLASHCOMPRESS_DEBUG)")
-    args = parser.parse_args()
-    if args.metadata_only:
-        import flashcompress.validation as V
-
-        V.wants_value_checks = lambda t: False
+                        help="skip the data-dependent checks on CPU too "
+                        "(what a CUDA call costs without FLASHCOMPRESS_DEBUG)")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA GPU")
     dev = torch.device(args.device)
-    B, H = args.batch, 512
+    cuda = dev.type == "cuda"
+    if not cuda:
+        torch.set_num_threads(1)
+    if args.metadata_only:
+        V.wants_value_checks = lambda t: False
 
-    req_to_token = torch.arange(B * 1024, dtype=torch.int32, device=dev).reshape(B, 1024)
-    full_to_state = torch.arange(B * 1024 + 257, dtype=torch.int64, device=dev)
-    rpi = torch.arange(B, device=dev)
-    seq = torch.full((B,), 100, dtype=torch.int64, device=dev)
-    plan = CompressorDecodePlan.generate(4, rpi, req_to_token, full_to_state, seq, 256, 8)
-    state = torch.zeros(B * 1024 // 256 * 8 + 16, 4 * H, device=dev)
-    inp = torch.zeros(B, 4 * H, device=dev)
-    ape = torch.zeros(8, H, device=dev)
-    out = torch.zeros(B, H, device=dev)
-    kvcache = torch.zeros(B, MAIN_V4.page_bytes(64), dtype=torch.uint8, device=dev)
-    angles = torch.zeros(4096, 32, device=dev)
-    freq = torch.polar(torch.ones_like(angles), angles)
-    loc = torch.arange(B, device=dev)
-    weight = torch.ones(H, device=dev)
-
-    # stub the device work: only validation + dispatch remain
-    api.torch_ops.compress_forward = lambda *a, **k: None
-    api.torch_ops.compress_norm_rope_store = lambda *a, **k: None
-
-    rows = [
-        ("compress_forward (decode, C4 H=512)",
-         per_call_us(lambda: compress_forward(state, inp, ape, plan, head_dim=H, compress_ratio=4, out=out))),
-        ("compress_norm_rope_store (decode, V4)",
-         per_call_us(lambda: compress_norm_rope_store(out, plan, norm_weight=weight, norm_eps=1e-6,
-                                                      freq_cis=freq, out_loc=loc, kvcache=kvcache, page_size=64))),
+    layer = C.LAYERS[args.layer]
+    store = C.STORE_V4_C4 if layer.ratio == 4 and layer.head_dim == 512 else (
+        C.STORE_IDX_FP8 if layer.head_dim == 128 else C.STORE_V4_C128)
+    spec = C.CaseSpec(f"decode-B{args.batch}-rand", "decode", args.batch, "rand",
+                      ctx=(1024, 65536) if cuda else (300, 4000))
+    world = C.build_world(spec, dev, 1, seed=1)
+    b = C.build_bundle(world, layer, seed=2)
+    s = b.sets[0]
+    cache = b.cache(store)
+    st = dict(norm_weight=b.norm_weight, norm_eps=NORM_EPS, freq_cis=b.freq_cis, out_loc=s.out_loc, kvcache=cache,
+              page_size=store.page_size, use_fp4=store.use_fp4, bf16_store=store.bf16_store)
+    h, r, online = layer.head_dim, layer.ratio, layer.online
+    ops = [
+        ("compress_forward", lambda: compress_forward(b.state, s.inp, b.ape, s.plan, head_dim=h, compress_ratio=r,
+                                                      out=s.out, is_online=online)),
+        ("compress_norm_rope_store", lambda: compress_norm_rope_store(s.kv, s.plan, **st)),
+        ("compress_and_store", lambda: compress_and_store(b.state, s.inp, b.ape, s.plan, head_dim=h, compress_ratio=r,
+                                                          is_online=online, **st)),
     ]
-    print(f"device={dev} batch={B} torch={torch.__version__} metadata_only={args.metadata_only}")
-    print(f"{'call':45s} {'host µs/call':>12s}")
-    for name, us in rows:
-        print(f"{name:45s} {us:12.1f}")
+    timer = C.Timer(dev, reps=1, graph_replays=1, measure_copy=False) if cuda else None
+    rows = []
+    what = f"(decode, {layer.name} {store.name}, B={args.batch})"
+    if args.mode in ("stub", "all"):
+        iters = args.iters or (2000 if cuda else 200)
+        stub = SimpleNamespace(compress_forward=lambda *a, **k: None, compress_norm_rope_store=lambda *a, **k: None,
+                               compress_and_store=lambda *a, **k: None)
+        real = api.ops_backend
+        api.ops_backend = lambda device: stub  # only validation + dispatch remain
+        try:
+            for name, fn in ops:
+                rows.append([f"{name} {what}", "stub: validation + dispatch", f"{per_call_us(fn, iters):.1f}", ""])
+        finally:
+            api.ops_backend = real
+    if args.mode in ("full", "all"):
+        iters = args.iters or (200 if cuda else 10)
+        for name, fn in ops:
+            us, note = full_call_us(fn, iters, timer)
+            rows.append([f"{name} {what}", "full: + backend + launch", f"{us:.1f}", note])
+    backend = "jit" if cuda and api.ops_backend(dev).__name__.endswith("cuda_ops.ops") else "torch"
+    print(f"device={dev} ({C.device_name(dev)}) batch={args.batch} torch={torch.__version__} backend={backend} "
+          f"metadata_only={args.metadata_only} commit={C.git_commit()}")
+    C.print_table(["call", "mode", "host us/call", "note"], rows)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Fused ``compress_and_store`` against the two-step compress_forward + compress_norm_rope_store.
+
+    python benchmarks/bench_pipeline.py [--short] [--cases prefill,online] [--md PATH] [--device cuda|cpu]
+
+Same cases, inputs and timing as ``bench_compress.py`` (see ``benchmarks/_common.py``).
+Layer kinds and their stores: C4 main KV (head 512, V4 at page 64), C4 indexer (head
+128, FP8 at page 64), C128 main KV (V4 at page 2) and online C128 main KV (V4 at page 2).
+For every case two rows: ``two-step`` (compress_forward into a preallocated fp32
+intermediate, then compress_norm_rope_store from it; one timed unit) and ``fused``
+(compress_and_store).  ``fused x`` = two-step cold time / fused cold time.
+
+Byte model ("min MB", the same for both rows: what the pipeline must move, excluding
+the fp32 intermediate): compress_forward's bytes (see ``bench_compress.py``) without
+its output, plus the store's bytes (see ``bench_store.py``) without the kv rows and
+without a second read of the plan: input rows once, the state rows the windows need,
+the state rows written, ape once, plan rows once, and per stored row its freq_cis row
+(256 B), out_loc (8 B) and cache entry (584 / 132 B); the norm weight once.
+
+``peer`` is SGLang 0.5.23's two-launch pipeline measured the same way on one H200
+(issue 12); ``target`` applies to the fused row.  ``ok`` and ``!`` as in
+``bench_compress.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import _common as C
+from flashcompress import compress_and_store, compress_forward, compress_norm_rope_store
+
+# (label, layer, store)
+KINDS = (
+    ("c4-512 v4@64", "c4-512", C.STORE_V4_C4),
+    ("c4-128 fp8@64", "c4-128", C.STORE_IDX_FP8),
+    ("c128-512 v4@2", "c128-512", C.STORE_V4_C128),
+    ("c128-online v4@2", "c128-online", C.STORE_V4_C128),
+)
+NORM_EPS = 1e-6
+COLUMNS = ["case", "layer", "path", *C.COLUMNS[2:], "fused x"]
+
+T = C.Target
+TARGETS: dict[tuple[str, str], C.Target] = {
+    ("decode-B128-rand", "c4-512 v4@64"): T("8.8 / 3.4", 5.5, 1.8),
+    ("decode-B512-rand", "c4-512 v4@64"): T("11.4 / 4.4", 7.0, 2.5),
+    ("decode-B512-rand", "c4-128 fp8@64"): T("9.0 / 3.5", 5.5, 1.8),
+    ("decode-B512-rand", "c128-512 v4@2"): T("17.9 / 9.5", 6.5, 2.8),
+    ("decode-B512-bnd", "c128-512 v4@2"): T("77.6 (83%)", pct_min=92),
+    ("prefill-8192", "c4-512 v4@64"): T("34.0 (49%)", pct_min=80),
+    ("prefill-32768", "c4-512 v4@64"): T("95.3 (69%)", pct_min=88),
+    ("prefill-8192", "c4-128 fp8@64"): T("16.6 (26%)", pct_min=65),
+    ("prefill-32768", "c4-128 fp8@64"): T("33.6 (50%)", pct_min=85),
+    ("prefill-8192", "c128-512 v4@2"): T("22.1 (38%)", pct_min=70),
+    ("prefill-32768", "c128-512 v4@2"): T("49.5 (66%)", pct_min=88),
+    ("decode-B512-rand", "c128-online v4@2"): T("10.7 / 3.6", 6.5, 2.2),
+    ("decode-B512-bnd", "c128-online v4@2"): T("12.5 / 3.7", 6.5, 2.2),
+    ("prefill-8192", "c128-online v4@2"): T("24.4 (33%)", pct_min=70),
+    ("prefill-32768", "c128-online v4@2"): T("51.7 (61%)", pct_min=88),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = C.parse_args(__doc__, argv)
+    dev = torch.device(args.device)
+    timer = C.Timer(dev, args.reps, args.graph_replays)
+    head = C.header("bench_pipeline.py (compress_and_store vs two-step)", timer, args)
+    print("\n".join(head), flush=True)
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    labels = [k[0] for k in KINDS]
+
+    def bench_case(spec: C.CaseSpec) -> None:
+        world = C.build_world(spec, dev, C.n_sets_for(spec, dev, args.sets), C.seed_of(spec.name, base=args.seed))
+        for label, lname, store in KINDS:
+            if not C.matches(args.filters, spec.name, label):
+                continue
+            layer = C.LAYERS[lname]
+            b = C.build_bundle(world, layer, C.seed_of(spec.name, lname, base=args.seed))
+            cache = b.cache(store)
+            common = dict(norm_weight=b.norm_weight, norm_eps=NORM_EPS, freq_cis=b.freq_cis, kvcache=cache,
+                          page_size=store.page_size, use_fp4=store.use_fp4, bf16_store=store.bf16_store)
+
+            def two_step(s: C.InputSet) -> None:
+                compress_forward(b.state, s.inp, b.ape, s.plan, head_dim=layer.head_dim, compress_ratio=layer.ratio,
+                                 out=s.out, is_online=layer.online)
+                compress_norm_rope_store(s.out, s.plan, out_loc=s.out_loc, **common)
+
+            def fused(s: C.InputSet) -> None:
+                compress_and_store(b.state, s.inp, b.ape, s.plan, head_dim=layer.head_dim,
+                                   compress_ratio=layer.ratio, out_loc=s.out_loc, is_online=layer.online, **common)
+
+            nbytes = C.mean_bytes([C.pipeline_total(layer, store, C.compress_bytes(layer, s, spec.is_decode))
+                                   for s in b.sets])
+            target = TARGETS.get((spec.name, label))
+            measured = {}
+            for path, fn in (("two-step", two_step), ("fused", fused)):
+                calls = [(lambda s=s, fn=fn: fn(s)) for s in b.sets]
+                cold, ahead, graph, err = C.measure(timer, calls)
+                if err:
+                    notes.append(f"{spec.name} {label} {path}: {err}")
+                measured[path] = (cold, ahead, graph)
+            two_cold, fused_cold = measured["two-step"][0], measured["fused"][0]
+            speedup = f"{two_cold / fused_cold:.2f}" if two_cold and fused_cold else "-"
+            for path, (cold, ahead, graph) in measured.items():
+                row = C.result_row(timer, spec.name, label, cold, ahead, graph, nbytes, target, extra=(path,),
+                                   tail=(speedup if path == "fused" else "",), show_target=path == "fused")
+                print("  " + "  ".join(row), file=sys.stderr, flush=True)
+                rows.append(row)
+            del b, cache, common
+            C.release(dev)
+
+    C.run_cases(C.select_cases(dev, args.short, args.filters, labels), bench_case, notes, dev)
+    return C.finish(args, "bench_pipeline.py: compress_and_store vs compress_forward + compress_norm_rope_store",
+                    head, COLUMNS, rows, notes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""compress_norm_rope_store benchmark: RMSNorm + RoPE (+ Hadamard) + quantised paged store.
+
+    python benchmarks/bench_store.py [--short] [--cases decode-B512,fp8] [--md PATH] [--device cuda|cpu]
+
+Same cases, inputs and timing as ``bench_compress.py`` (see ``benchmarks/_common.py``);
+the store reads random-normal fp32 rows (one per plan row) through the plans of each
+case.  Stores: V4 main KV (584-byte entries) at page 64 for C4 head 512 (``v4@64``) and
+at page 2 for C128 (``v4@2``); indexer FP8 (132 B) and FP4 (68 B) at page 64 for C4
+head 128.  Online C128 plans store exactly like C128 ones and are not repeated here.
+
+Byte model ("min MB"): 16 B per plan row read (decode: every request's row, to see
+whether it closes a window); per stored row (a window closing: decode
+``seq_len % ratio == 0``, prefill every valid CompressPlan row) the kv row H x 4 B, its
+freq_cis row (32 complex64 = 256 B), its out_loc (8 B) and the cache entry written
+(584 / 132 / 68 B); the norm weight (H x 4 B) once.
+
+Targets (issue 12): at least as fast as the peer's store in every case (the issue gives
+the peer's decode range, 4-7 us cold / 0.9-1.9 us graph, so decode rows are held to the
+upper end); the 32768-token prefill <= 10 us cold for the C4 main-KV store (peer 20.3 us,
+28% of copy) and <= 5 us for the indexer FP8 store (peer 8.9 us).  ``ok`` and ``!`` as in
+``bench_compress.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import _common as C
+from flashcompress import compress_norm_rope_store
+
+# (label, layer, store)
+KINDS = (
+    ("c4-512 v4@64", "c4-512", C.STORE_V4_C4),
+    ("c4-128 fp8@64", "c4-128", C.STORE_IDX_FP8),
+    ("c4-128 fp4@64", "c4-128", C.STORE_IDX_FP4),
+    ("c128-512 v4@2", "c128-512", C.STORE_V4_C128),
+)
+NORM_EPS = 1e-6
+
+T = C.Target
+TARGETS: dict[tuple[str, str], C.Target] = {
+    ("prefill-32768", "c4-512 v4@64"): T("20.3 (28%)", 10.0),
+    ("prefill-32768", "c4-128 fp8@64"): T("8.9", 5.0),
+}
+for _b in (1, 32, 128, 512):
+    for _s in ("rand", "bnd"):
+        for _k, _, _ in KINDS:
+            TARGETS[(f"decode-B{_b}-{_s}", _k)] = T("4-7 / 0.9-1.9", 7.0, 1.9)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = C.parse_args(__doc__, argv)
+    dev = torch.device(args.device)
+    timer = C.Timer(dev, args.reps, args.graph_replays)
+    head = C.header("bench_store.py (compress_norm_rope_store)", timer, args)
+    print("\n".join(head), flush=True)
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    labels = [k[0] for k in KINDS]
+
+    def bench_case(spec: C.CaseSpec) -> None:
+        world = C.build_world(spec, dev, C.n_sets_for(spec, dev, args.sets), C.seed_of(spec.name, base=args.seed))
+        bundles: dict[str, C.Bundle] = {}
+        for label, lname, store in KINDS:
+            if not C.matches(args.filters, spec.name, label):
+                continue
+            layer = C.LAYERS[lname]
+            if lname not in bundles:
+                bundles.clear()  # one layer's tensors at a time (KINDS lists a layer's stores together)
+                C.release(dev)
+                bundles[lname] = C.build_bundle(world, layer, C.seed_of(spec.name, lname, base=args.seed))
+            b = bundles[lname]
+            cache = b.cache(store)
+            calls = [
+                (lambda s=s: compress_norm_rope_store(
+                    s.kv, s.plan, norm_weight=b.norm_weight, norm_eps=NORM_EPS, freq_cis=b.freq_cis,
+                    out_loc=s.out_loc, kvcache=cache, page_size=store.page_size, use_fp4=store.use_fp4,
+                    bf16_store=store.bf16_store))
+                for s in b.sets
+            ]
+            cold, ahead, graph, err = C.measure(timer, calls)
+            if err:
+                notes.append(f"{spec.name} {label}: {err}")
+            nbytes = C.mean_bytes([C.store_total(layer, store, C.compress_bytes(layer, s, spec.is_decode))
+                                   for s in b.sets])
+            row = C.result_row(timer, spec.name, label, cold, ahead, graph, nbytes, TARGETS.get((spec.name, label)))
+            print("  " + "  ".join(row), file=sys.stderr, flush=True)
+            rows.append(row)
+            del cache, calls
+
+    C.run_cases(C.select_cases(dev, args.short, args.filters, labels), bench_case, notes, dev)
+    return C.finish(args, "bench_store.py: compress_norm_rope_store", head, C.COLUMNS, rows, notes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

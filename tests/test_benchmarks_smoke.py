@@ -1,0 +1,161 @@
+"""The op benchmarks' CPU smoke mode runs and prints its tables (the scripts themselves run on a GPU).
+
+Each script runs once, in one subprocess, with ``--device cpu`` (tiny sizes, the
+PyTorch backend); the test checks the exit status, the header columns and one row per
+expected (case, layer), and the markdown table that ``--md`` appends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+OP_COLUMNS = ["case", "layer", "cold us", "graph us", "min MB", "GB/s", "% copy", "peer", "target", "ok"]
+CASES = ["decode-B2-rand", "decode-B2-bnd", "prefill-300"]
+
+SCRIPTS = {
+    "compress": (["--md", "{md}"], ["c4-512", "c4-128", "c128-512", "c128-online"]),
+    "store": (["--md", "{md}"], ["c4-512 v4@64", "c4-128 fp8@64", "c4-128 fp4@64", "c128-512 v4@2"]),
+    "pipeline": (["--md", "{md}"], ["c4-512 v4@64", "c4-128 fp8@64", "c128-512 v4@2", "c128-online v4@2"]),
+    "host_overhead": (["--iters", "5", "--batch", "8"], []),
+}
+
+
+# One subprocess runs every script as ``python benchmarks/bench_X.py ...`` would (``runpy`` with
+# ``__main__``), one after the other: a single torch import keeps the test fast on a busy machine.
+_DRIVER = r"""
+import contextlib, io, json, runpy, sys, traceback
+bench, jobs = sys.argv[1], json.loads(sys.argv[2])
+sys.path.insert(0, bench)
+results = {}
+for name, argv in jobs:
+    path = f"{bench}/bench_{name}.py"
+    sys.argv = [path, *argv]
+    out, err, rc = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(path, run_name="__main__")
+        except SystemExit as exc:
+            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:
+            traceback.print_exc(file=err)
+            rc = 1
+    results[name] = [rc, out.getvalue(), err.getvalue()]
+sys.__stdout__.write("\n@@RESULTS@@" + json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    tmp = tmp_path_factory.mktemp("bench")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
+    env.pop("FLASHCOMPRESS_DEBUG", None)
+    jobs, mds = [], {}
+    for name, (extra, _) in SCRIPTS.items():
+        mds[name] = tmp / f"{name}.md"
+        jobs.append([name, ["--device", "cpu", *[a.format(md=mds[name]) for a in extra]]])
+    cmd = [sys.executable, "-c", _DRIVER, str(BENCH), json.dumps(jobs)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert "@@RESULTS@@" in proc.stdout, f"driver failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
+    results = json.loads(proc.stdout.split("@@RESULTS@@", 1)[1])
+    return {name: (subprocess.CompletedProcess(name, rc, out, err), mds[name])
+            for name, (rc, out, err) in results.items()}
+
+
+def _table(stdout: str, first_column: str) -> tuple[list[str], list[list[str]]]:
+    lines = stdout.splitlines()
+    for i, line in enumerate(lines):
+        if line.split()[:1] == [first_column] and i + 1 < len(lines) and set(lines[i + 1].replace(" ", "")) == {"-"}:
+            return line, [ln for ln in lines[i + 2:] if ln.strip()]
+    raise AssertionError(f"no table starting with column {first_column!r} in:\n{stdout}")
+
+
+@pytest.mark.parametrize("name", ["compress", "store", "pipeline"])
+def test_op_benchmark_prints_its_table(runs, name):
+    proc, md = runs[name]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    head, rows = _table(proc.stdout, "case")
+    for col in OP_COLUMNS:
+        assert col in head, f"column {col!r} missing from {head!r}"
+    if name == "pipeline":
+        assert "path" in head and "fused x" in head
+    layers = SCRIPTS[name][1]
+    for case in CASES:
+        for layer in layers:
+            hits = [r for r in rows if r.startswith(case + " ") and f" {layer} " in r]
+            want = 2 if name == "pipeline" else 1
+            assert len(hits) == want, f"{name}: expected {want} row(s) for {case} / {layer}, got {hits}"
+    # every row has a finite cold time and a positive byte count
+    for r in rows[: len(CASES) * len(layers)]:
+        cells = r.split()
+        assert any(c.replace(".", "", 1).isdigit() for c in cells), r
+    text = md.read_text()
+    assert text.startswith("### bench_"), text[:200]
+    assert "| " + " | ".join(OP_COLUMNS[:2]) in text
+    assert text.count("\n| decode-B2-rand |") >= len(layers)
+
+
+def test_host_overhead_prints_both_modes(runs):
+    proc, _ = runs["host_overhead"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    head, rows = _table(proc.stdout, "call")
+    assert "host us/call" in head
+    for op in ("compress_forward", "compress_norm_rope_store", "compress_and_store"):
+        modes = [r for r in rows if r.startswith(op + " ")]
+        assert any("stub:" in r for r in modes) and any("full:" in r for r in modes), rows
+
+
+def test_byte_model_matches_the_issue_sizes():
+    """The byte model reproduces the issue tables' sizes (272 MB C128 bnd decode, 73 / 290 MB C4 prefill)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _common as C
+    finally:
+        sys.path.remove(str(BENCH))
+    from flashcompress import layouts as L
+
+    def mb(kind, layer, reqs, rows, w_rows=0, total=C.compress_total, *extra):
+        s = C.InputSet(reqs, None, None, None, None, None, rows, w_rows)  # type: ignore[arg-type]
+        b = C.compress_bytes(C.LAYERS[layer], s, kind == "decode")
+        return (total(b) if not extra else total(C.LAYERS[layer], *extra, b)) / 1e6
+
+    bnd = [C.Request(i, 128 * 100 - 1, 128 * 100) for i in range(512)]
+    assert abs(mb("decode", "c128-512", bnd, 512) - 272) < 1
+    assert abs(mb("decode", "c128-512", bnd, 512, 0, C.pipeline_total, C.STORE_V4_C128) - 271) < 1
+    pre = [C.Request(i, 1001 + 5000 * i, 1001 + 5000 * i + 2048) for i in range(4)]
+    assert abs(mb("prefill", "c4-512", pre, 2048, 0) - 73) < 1.5
+    assert abs(mb("prefill", "c128-online", pre, 64, 0) - 34) < 1
+    # decode C4 at a boundary: 7 halves of 2H fp32 from the state, one 4H row written
+    one = [C.Request(1, 4095, 4096)]
+    s = C.InputSet(one, None, None, None, None, None, 1, 0)  # type: ignore[arg-type]
+    b = C.compress_bytes(C.LAYERS["c4-512"], s, True)
+    assert b.state_read == 7 * 2 * 512 * 4 and b.state_write == 4 * 512 * 4 and b.events == 1
+    per_row = 512 * 4 + 256 + 8 + L.MAIN_V4.bytes_per_token  # kv, freq row, out_loc, entry
+    assert C.store_total(C.LAYERS["c4-512"], C.STORE_V4_C4, b) == 16 + per_row + 512 * 4
+
+
+def test_decode_scenarios_have_exact_boundary_counts():
+    import random
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _common as C
+    finally:
+        sys.path.remove(str(BENCH))
+    for b in (1, 32, 128, 512):
+        rand = C._decode_lengths(random.Random(b), C.CaseSpec("d", "decode", b, "rand"))
+        assert len(rand) == b and all(1024 <= s <= 65536 for s in rand)
+        assert sum(s % 4 == 0 for s in rand) == round(b / 4)
+        assert sum(s % 128 == 0 for s in rand) == round(b / 128)
+        bnd = C._decode_lengths(random.Random(b), C.CaseSpec("d", "decode", b, "bnd"))
+        assert all(s % 128 == 0 and 1024 <= s <= 65536 for s in bnd)
+    pre = C._prefill_requests(random.Random(0), C.CaseSpec("p", "prefill", 8, tokens=32768))
+    assert sum(s - p for p, s in pre) == 32768 and all(p % 4 and s <= 65536 for p, s in pre)
