@@ -767,7 +767,7 @@ def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
         f"(read + write, {'1 GiB' if timer.cuda else '32 MiB'}, cold); "
         f"cold = median of {args.reps}" + (f" (L2 flushed), graph = {GRAPH_CALLS} calls x {args.graph_replays} replays"
                                            if timer.cuda else " wall times (CPU smoke run)")
-        + f"; {args.sets} rotating input sets (decode)",
+        + f"; rotating input sets: {args.sets} per decode case, {min(args.sets, 2)} per prefill case",
     ]
     if os.environ.get("FLASHCOMPRESS_DEBUG", "").lower() in ("1", "true", "yes", "on"):
         lines.append("WARNING: FLASHCOMPRESS_DEBUG is set: value checks synchronise; timings are not meaningful")
@@ -777,6 +777,7 @@ def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
 def write_markdown(path: str, title: str, head: Sequence[str], columns: Sequence[str], rows: Sequence[Sequence[str]],
                    notes: Sequence[str] = ()) -> None:
     esc = lambda s: s.replace("|", "\\|")  # noqa: E731
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"### {title}\n\n")
         for h in head:
