@@ -176,7 +176,7 @@ struct StoreBinding {
     std::ostringstream os;
     os << "{\"name\": \"" << f.name << "\", \"head_dim\": " << f.head_dim << ", \"data_bytes\": " << f.data_bytes
        << ", \"scale_bytes\": " << f.scale_bytes << ", \"page_align\": " << f.page_align
-       << ", \"row_dtype\": \"" << (kIn == RowDtype::kF32 ? "fp32" : "bf16") << "\"}";
+       << ", \"row_dtype\": \"" << (kIn == RowDtype::kF32 ? "f32" : "bf16") << "\"}";
     return tvm::ffi::String(os.str());
   }
 };

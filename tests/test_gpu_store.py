@@ -28,7 +28,7 @@ pytestmark = [
 ]
 
 DEV = torch.device("cuda") if torch.cuda.is_available() else None
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
 
 
 @pytest.fixture(scope="module")

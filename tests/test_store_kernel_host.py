@@ -35,13 +35,13 @@ from flashcompress.torch_backend import quant as Q
 NATIVE = REPO / "tests" / "native"
 INCLUDE = REPO / "jit_kernel"
 ALL_VARIANTS = [
-    {"head_dim": 512, "fmt": "v4", "dtype": "fp32"},
+    {"head_dim": 512, "fmt": "v4", "dtype": "f32"},
     {"head_dim": 512, "fmt": "v4", "dtype": "bf16"},
-    {"head_dim": 512, "fmt": "bf16", "dtype": "fp32"},
+    {"head_dim": 512, "fmt": "bf16", "dtype": "f32"},
     {"head_dim": 512, "fmt": "bf16", "dtype": "bf16"},
-    {"head_dim": 128, "fmt": "idx_fp8", "dtype": "fp32"},
+    {"head_dim": 128, "fmt": "idx_fp8", "dtype": "f32"},
     {"head_dim": 128, "fmt": "idx_fp8", "dtype": "bf16"},
-    {"head_dim": 128, "fmt": "idx_fp4", "dtype": "fp32"},
+    {"head_dim": 128, "fmt": "idx_fp4", "dtype": "f32"},
     {"head_dim": 128, "fmt": "idx_fp4", "dtype": "bf16"},
 ]
 PRESETS = [ALL_VARIANTS[0], ALL_VARIANTS[4], ALL_VARIANTS[6]]
@@ -152,7 +152,7 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def emulate(exe: Path, workdir: Path, case: StoreCase) -> torch.Tensor:
     """The emulated kernel's cache after the store of ``case``."""
     workdir.mkdir(parents=True, exist_ok=True)
-    dtype = "fp32" if case.kv.dtype == torch.float32 else "bf16"
+    dtype = "f32" if case.kv.dtype == torch.float32 else "bf16"
     weight = case.norm_weight.to(case.kv.dtype)  # what cuda_ops.store passes
     freq = torch.view_as_real(case.freq_cis).flatten(-2).contiguous()
     eps_bits = struct.unpack("<I", struct.pack("<f", case.norm_eps))[0]
@@ -168,12 +168,12 @@ def emulate(exe: Path, workdir: Path, case: StoreCase) -> torch.Tensor:
     return torch.frombuffer(out, dtype=torch.uint8).reshape(case.cache.shape).clone()
 
 
-CASES = [(fmt, dtype, decode) for fmt in FORMATS for dtype in ("fp32", "bf16") for decode in (True, False)]
+CASES = [(fmt, dtype, decode) for fmt in FORMATS for dtype in ("f32", "bf16") for decode in (True, False)]
 
 
 @pytest.mark.parametrize("fmt,dtype,decode", CASES, ids=[f"{f}-{d}-{'decode' if m else 'prefill'}" for f, d, m in CASES])
 def test_emulated_store_matches_torch(emulator: Path, tmp_path: Path, fmt: str, dtype: str, decode: bool) -> None:
-    torch_dtype = torch.float32 if dtype == "fp32" else torch.bfloat16
+    torch_dtype = torch.float32 if dtype == "f32" else torch.bfloat16
     ratio = 128 if fmt == "v4" and not decode else 4
     page_size = 2 if ratio == 128 else 4
     case = make_case(fmt, torch_dtype, decode, rows=24, ratio=ratio, page_size=page_size,
@@ -243,7 +243,7 @@ def test_store_family_registration() -> None:
     for model in ("deepseek-v4-flash", "deepseek-v4-pro"):
         assert fam.preset_params(model) == PRESETS
     with pytest.raises(ValueError, match="head_dim"):
-        fam.check_params({"head_dim": 128, "fmt": "v4", "dtype": "fp32"})
+        fam.check_params({"head_dim": 128, "fmt": "v4", "dtype": "f32"})
     assert fam.warmup is not None
 
 

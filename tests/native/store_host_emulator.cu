@@ -7,7 +7,7 @@
 // backend and with the golden vectors.
 //
 // Usage: store_host_emulator <dir>. <dir>/params.txt holds
-//   <fmt: v4|idx_fp8|idx_fp4|bf16> <dtype: fp32|bf16> <rows> <ratio> <is_decode> <page_size>
+//   <fmt: v4|idx_fp8|idx_fp4|bf16> <dtype: f32|bf16> <rows> <ratio> <is_decode> <page_size>
 //   <eps as fp32 bit pattern> <freq_rows> <out_loc_len> <cache_bytes>
 // and the raw little-endian tensors kv.bin ([rows, H] fp32 or bf16 bits), plan.bin ([rows, 16]),
 // out_loc.bin (int64), weight.bin ([H] in the kv dtype), freq.bin (fp32 [freq_rows, 64]),
@@ -106,7 +106,7 @@ void run_rows(const fc::StoreKernelArgs& args) {
 
 template <int kHeadDim, fc::StoreFormat kFmt>
 void run_dtype(const std::string& dtype, const fc::StoreKernelArgs& args) {
-  if (dtype == "fp32") {
+  if (dtype == "f32") {
     run_rows<kHeadDim, kFmt, fc::RowDtype::kF32>(args);
   } else {
     run_rows<kHeadDim, kFmt, fc::RowDtype::kBF16>(args);
@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
   args.rows = rows;
   args.ratio = static_cast<uint32_t>(ratio);
   args.is_decode = is_decode != 0;
-  if (dtype == "fp32") {
+  if (dtype == "f32") {
     args.store.norm_weight = reinterpret_cast<const float*>(w_a.data());
   } else {
     args.store.norm_weight_bf16 = reinterpret_cast<const uint16_t*>(w_a.data());

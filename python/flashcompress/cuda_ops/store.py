@@ -35,7 +35,7 @@ __all__ = ["EXPORTS", "STORE", "clear_memo", "compress_norm_rope_store", "store_
 
 EXPORTS = ("forward", "quant_probe", "page_bytes", "format_info")
 FORMATS: dict[str, CacheFormat] = {f.name: f for f in (MAIN_V4, INDEXER_FP8, INDEXER_FP4, BF16_ROWS)}
-DTYPES: dict[torch.dtype, str] = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 # --------------------------------------------------------------------------
@@ -59,9 +59,9 @@ def _presets(model: str) -> list[dict[str, Any]]:
 
     model_config(model)  # unknown names raise here
     return [
-        {"head_dim": 512, "fmt": "v4", "dtype": "fp32"},
-        {"head_dim": 128, "fmt": "idx_fp8", "dtype": "fp32"},
-        {"head_dim": 128, "fmt": "idx_fp4", "dtype": "fp32"},
+        {"head_dim": 512, "fmt": "v4", "dtype": "f32"},
+        {"head_dim": 128, "fmt": "idx_fp8", "dtype": "f32"},
+        {"head_dim": 128, "fmt": "idx_fp4", "dtype": "f32"},
     ]
 
 
@@ -104,7 +104,7 @@ STORE = register_family(
         "store",
         sources=(("store_kernel.cu.j2", "kernel.cu"), ("store_binding.cpp.j2", "binding.cpp")),
         exports=EXPORTS,
-        space={"head_dim": (512, 128), "fmt": tuple(FORMATS), "dtype": ("fp32", "bf16")},
+        space={"head_dim": (512, 128), "fmt": tuple(FORMATS), "dtype": ("f32", "bf16")},
         warmup=_warmup,
     ),
     validate=_validate,
