@@ -257,12 +257,12 @@ def test_signature_matches_torch_backend() -> None:
 
 
 def _variant_key(params: dict):
-    """The sm_90a key of a store variant (the engine's constructor, whichever form it has)."""
-    from flashcompress.jit import VariantKey, make_key
+    """The sm_90a key of a store variant (``jit.make_key``, or ``VariantKey.make`` before it existed)."""
+    import flashcompress.jit as jit
 
-    if hasattr(VariantKey, "make"):
-        return make_key("store", target="cuda:9.0a", **params)
-    return VariantKey("store", tuple(params.items()), "cuda:9.0a")
+    if hasattr(jit, "make_key"):
+        return jit.make_key("store", target="cuda:9.0a", **params)
+    return jit.VariantKey.make("store", target="cuda:9.0a", **params)
 
 
 @pytest.mark.parametrize("params", ALL_VARIANTS, ids=lambda p: f"{p['fmt']}_{p['dtype']}")
