@@ -127,6 +127,8 @@ struct Cfg {
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
   static constexpr int kSplit = kRatio == 4 || kOnlineDecode ? 1 : 16;
   static constexpr int kPerSplit = kEntries / kSplit;
+  // Entries whose loads are in flight together (registers: 5 x 4 values per entry).
+  static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kSplit == 1 ? 8 : 4);
   static constexpr int kVecs = kChans / 4;                 // channel vectors per slice
   static constexpr int kTeamThreads = kVecs * kSplit;
   static constexpr int kTeams = kTeamThreads >= 128 ? 1 : 128 / kTeamThreads;
@@ -137,6 +139,7 @@ struct Cfg {
 
   static_assert(H % 128 == 0 && kChans % 128 == 0, "head dim must be a multiple of 128");
   static_assert(kEntries % kSplit == 0, "window entries must split evenly");
+  static_assert(kPerSplit % kBatch == 0, "entries of a split must batch evenly");
   static_assert(kTeams == 1 || kTeamThreads == 32, "multi-team blocks use one warp per team");
   static_assert(kThreads <= 1024, "block too large");
   static_assert(!kOnline || (kRatio == 128 && kIn == DType::kF32 && kOut == DType::kF32),
@@ -222,61 +225,96 @@ __device__ __forceinline__ int score_col(int e) {
   return C::H;
 }
 
-// Accumulate this thread's entries [e0, e0 + kPerSplit) for channels c..c+3.
+// Accumulate this thread's entries [e0, e0 + kPerSplit) for channels c..c+3, kBatch entries at a
+// time: every load of a batch is issued before the first one is used (the addresses depend only
+// on the plan row), so a thread waits for one memory round trip per batch, not per entry.
 template <class C>
 __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
                                              const typename C::TState* state,
                                              const typename C::TIn* __restrict__ input,
                                              const typename C::TIn* __restrict__ ape,
                                              Acc (&acc)[4]) {
-  constexpr int N = C::kPerSplit;
-  float kv[N][4], lg[N][4];
-  bool live[N];
+  using TIn = typename C::TIn;
+  using TState = typename C::TState;
+  using RawIn = Vec<TIn, 4>;
+  using RawState = Vec<TState, 4>;
+  constexpr int B = C::kBatch;
 #pragma unroll
-  for (int k = 0; k < N; ++k) {
-    const int e = e0 + k;
-    live[k] = e >= w.lo && e < w.hi;
-    if (!live[k]) continue;
-    const int kc = kv_col<C>(e) + c, sc = score_col<C>(e) + c;
-    const int brow = C::kOnlineDecode ? w.bias_base : e;
-    if (e < w.buf_len) {
-      const int64_t row = state_row_of<C>(w, e);
-      if (row == w.self_row) {
-        const typename C::TIn* src = input + w.self_in * C::kInWidth;
-        load4_self<C>(src + kc, kv[k]);
-        load4_self<C>(src + sc, lg[k]);
-      } else {
-        const typename C::TState* src = state + row * C::kStateWidth;
-        load4_state<C>(src + kc, kv[k]);
-        load4_state<C>(src + sc, lg[k]);
+  for (int b0 = 0; b0 < C::kPerSplit; b0 += B) {
+    // Where each entry comes from: 0 = padding, 1 = input row, 2 = state row, 3 = the state row
+    // this launch writes (read from its input row, rounded through TState).
+    // With TIn == TState every entry loads into in_*; otherwise state entries use st_*.
+    constexpr bool kSame = std::is_same_v<TIn, TState>;
+    int kind[B];
+    RawIn in_kv[B], in_sc[B], bias[B];
+    RawState st_kv[kSame ? 1 : B], st_sc[kSame ? 1 : B];
+#pragma unroll
+    for (int k = 0; k < B; ++k) {
+      const int e = e0 + b0 + k;
+      const bool live = e >= w.lo && e < w.hi;
+      const bool from_state = e < w.buf_len;
+      const int64_t srow = from_state ? state_row_of<C>(w, e) : 0;
+      const bool self = from_state && srow == w.self_row;
+      kind[k] = !live ? 0 : (!from_state ? 1 : (self ? 3 : 2));
+      const int kc = kv_col<C>(e) + c, sc = score_col<C>(e) + c;
+      const int64_t irow = kind[k] == 3 ? w.self_in : w.q_first + e;
+      if constexpr (kSame) {
+        const TIn* src = kind[k] == 2 ? reinterpret_cast<const TIn*>(state) + srow * C::kStateWidth
+                                      : input + irow * C::kInWidth;
+        if (kind[k] != 0) {
+          in_kv[k] = load_vec<TIn, 4>(src + kc);
+          in_sc[k] = load_vec<TIn, 4>(src + sc);
+        }
+      } else if (kind[k] == 2) {
+        const TState* src = state + srow * C::kStateWidth;
+        st_kv[k] = load_vec<TState, 4>(src + kc);
+        st_sc[k] = load_vec<TState, 4>(src + sc);
+      } else if (kind[k] != 0) {
+        const TIn* src = input + irow * C::kInWidth;
+        in_kv[k] = load_vec<TIn, 4>(src + kc);
+        in_sc[k] = load_vec<TIn, 4>(src + sc);
       }
-    } else {
-      const typename C::TIn* src = input + (w.q_first + e) * C::kInWidth;
-      load4(src + kc, kv[k]);
-      load4(src + sc, lg[k]);
+      const int brow = C::kOnlineDecode ? w.bias_base : e;
+      if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(ape + static_cast<int64_t>(brow) * C::H + c);
     }
-    float b[4];
-    load4(ape + static_cast<int64_t>(brow) * C::H + c, b);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) lg[k][i] += b[i];
-  }
+    for (int i = 0; i < 4; ++i) {
+      float kv[B], lg[B];
+      float m = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float m = -INFINITY;
+      for (int k = 0; k < B; ++k) {
+        if (kind[k] == 2) {
+          if constexpr (kSame) {
+            kv[k] = to_float(in_kv[k].v[i]);
+            lg[k] = to_float(in_sc[k].v[i]);
+          } else {
+            kv[k] = via<TIn>(st_kv[k].v[i]);
+            lg[k] = via<TIn>(st_sc[k].v[i]);
+          }
+        } else if (kind[k] == 3) {
+          kv[k] = via<TIn>(from_float<TState>(to_float(in_kv[k].v[i])));
+          lg[k] = via<TIn>(from_float<TState>(to_float(in_sc[k].v[i])));
+        } else {
+          kv[k] = to_float(in_kv[k].v[i]);
+          lg[k] = to_float(in_sc[k].v[i]);
+        }
+        lg[k] += to_float(bias[k].v[i]);
+        if (kind[k] != 0) m = fmaxf(m, lg[k]);
+      }
+      if (m == -INFINITY) continue;  // no live entry in this batch
+      float s = 0.f, n = 0.f;
 #pragma unroll
-    for (int k = 0; k < N; ++k) m = live[k] ? fmaxf(m, lg[k][i]) : m;
-    if (m == -INFINITY) continue;  // no live entry in this split
-    float s = 0.f, n = 0.f;
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      if (!live[k]) continue;
-      const float p = expf(lg[k][i] - m);
-      s += p;
-      n = fmaf(p, kv[k][i], n);
+      for (int k = 0; k < B; ++k) {
+        if (kind[k] == 0) continue;
+        const float p = expf(lg[k] - m);
+        s += p;
+        n = fmaf(p, kv[k], n);
+      }
+      acc[i] = acc_merge(acc[i], Acc{m, s, n});
     }
-    acc[i] = acc_merge(acc[i], Acc{m, s, n});
   }
 }
+
 
 // ------------------------------------------------------------------------------------------
 // Shared memory of one block and the team-level barrier
