@@ -42,9 +42,10 @@
 //   C4 H=512: 128 threads, 1 team, whole row          C4 H=128: 4 teams of 32 threads
 //   C128 / online prefill: 512 threads, kChans 128, kSplit 16, cluster of 4
 //   online decode: 128 threads, whole row, 1 entry
-// Decode: a block (cluster) handles kReq consecutive requests: it writes its share of each
-// request's input row into the state (row write_loc), then pools the request's window if the
-// request closes one (C4: seq_len % 4 == 0; C128: write_loc % 128 == 127).
+// Decode: a team (block, cluster) handles a run of consecutive requests, as many as make the
+// grid one wave of resident blocks: it writes its share of each request's input row into the
+// state (row write_loc), then pools each request that closes a window (C4: seq_len % 4 == 0;
+// C128: write_loc % 128 == 127; online: offset 127 emits, any other offset stores the state).
 // Prefill: pass 1 (compress list) pools every valid plan row; pass 2 (write list) copies input
 // rows into the state (online: stores segment states). Pass 2 is launched after pass 1 with
 // programmatic dependent launch on SM90: it loads everything first and executes
@@ -127,14 +128,14 @@ struct Cfg {
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
   static constexpr int kSplit = kRatio == 4 || kOnlineDecode ? 1 : 16;
   static constexpr int kPerSplit = kEntries / kSplit;
-  // Entries whose loads are in flight together (registers: 5 x 4 values per entry).
-  static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kSplit == 1 ? 8 : 4);
+  // Entries whose loads are in flight together (registers: 3 x 4 values per entry; 512-thread
+  // blocks run two per SM within 64 registers).
+  static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kSplit == 1 ? 8 : 2);
   static constexpr int kVecs = kChans / 4;                 // channel vectors per slice
   static constexpr int kTeamThreads = kVecs * kSplit;
   static constexpr int kTeams = kTeamThreads >= 128 ? 1 : 128 / kTeamThreads;
   static constexpr int kThreads = kTeams * kTeamThreads;
-  static constexpr int kReq = (kDecode && kRatio == 128 && !kOnline) ? 4 : 1;  // rows per team
-  static constexpr int kRowsPerBlock = kTeams * kReq;
+  static constexpr int kMinBlocks = kThreads >= 512 ? 2 : 1;  // resident blocks per SM
   static constexpr bool kCluster = kCSplit > 1 && kStoreRows;
 
   static_assert(H % 128 == 0 && kChans % 128 == 0, "head dim must be a multiple of 128");
@@ -441,7 +442,7 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
       static_cast<typename C::TOut*>(a.out)[t.out_row * H + c] = from_float<typename C::TOut>(K);
     }
   }
-  if constexpr (C::kReq > 1) team_sync<C>();  // the next row of this team reuses the partials
+  if constexpr (C::kDecode) team_sync<C>();  // the team's next decode row reuses the partials
 }
 
 // Warp 0 of the row's leader block stores the gathered row.
@@ -471,22 +472,40 @@ __device__ __forceinline__ void zero_out_row(const CompressArgs& a, int64_t row,
   for (int k = u; k < C::kChans; k += C::kTeamThreads) dst[k] = from_float<TOut>(0.f);
 }
 
-// Copy this block's share of input row `in_row` into state row `st_row` (converted to TState).
-template <class C, int kThreads>
-__device__ __forceinline__ void copy_row_share(const CompressArgs& a, int64_t in_row,
-                                               int64_t st_row, int tid, int share, int shares) {
+// Copy this block's share of the input rows of decode requests [first, last) into their state
+// rows (converted to TState). kChunk vectors per thread are loaded before any is stored, so the
+// loads of a chunk are in flight together (a store may alias a later load for the compiler).
+template <class C>
+__device__ __forceinline__ void copy_rows_share(const CompressArgs& a, int64_t first, int64_t last,
+                                                int tid, int share) {
   using TIn = typename C::TIn;
   using TState = typename C::TState;
-  constexpr int kVecsPerRow = C::kInWidth / 4;
-  const int per = kVecsPerRow / shares;
-  const TIn* src = static_cast<const TIn*>(a.input) + in_row * C::kInWidth;
-  TState* dst = static_cast<TState*>(a.state) + st_row * C::kStateWidth;
-  for (int v = share * per + tid; v < (share + 1) * per; v += kThreads) {
-    const Vec<TIn, 4> x = load_vec<TIn, 4>(src + 4 * v);
-    Vec<TState, 4> y;
+  constexpr int kPer = C::kInWidth / 4 / C::kCSplit;  // vectors of one request's share
+  constexpr int kChunk = 4;
+  const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
+  const int64_t total = (last - first) * kPer;
+  for (int64_t base = tid; base < total; base += int64_t{kChunk} * C::kTeamThreads) {
+    Vec<TIn, 4> x[kChunk];
+    TState* dst[kChunk];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) y.v[i] = from_float<TState>(to_float(x.v[i]));
-    store_vec<TState, 4>(dst + 4 * v, y);
+    for (int j = 0; j < kChunk; ++j) {
+      const int64_t idx = base + int64_t{j} * C::kTeamThreads;
+      dst[j] = nullptr;
+      if (idx < total) {
+        const int64_t b = first + idx / kPer;
+        const int v = share * kPer + static_cast<int>(idx % kPer);
+        x[j] = load_vec<TIn, 4>(static_cast<const TIn*>(a.input) + b * C::kInWidth + 4 * v);
+        dst[j] = static_cast<TState*>(a.state) + static_cast<int64_t>(plan[b].write_loc) * C::kStateWidth + 4 * v;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kChunk; ++j) {
+      if (dst[j] == nullptr) continue;
+      Vec<TState, 4> y;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) y.v[i] = from_float<TState>(to_float(x[j].v[i]));
+      store_vec<TState, 4>(dst[j], y);
+    }
   }
 }
 
@@ -502,17 +521,21 @@ __device__ __forceinline__ void block_coords(int& rank, int64_t& group, int& tea
   u = static_cast<int>(threadIdx.x) % C::kTeamThreads;
 }
 
-// Decode: write every request's input row, pool the requests that close a window.
+// Decode: a team handles requests [first, first + a.reqs_per_team): it writes its share of
+// every request's input row into the state, then pools the requests that close a window.
 template <class C>
-__global__ void __launch_bounds__(C::kThreads) decode_kernel(const CompressArgs a) {
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(const CompressArgs a) {
   __shared__ Smem<C> sm;
   int rank, team, u;
   int64_t group;
   block_coords<C>(rank, group, team, u);
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
-  for (int r = 0; r < C::kReq; ++r) {
-    const int64_t b = (group * C::kTeams + team) * C::kReq + r;
-    if (b >= a.rows) break;  // uniform across the team (and the cluster)
+  const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
+  const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
+  if constexpr (!C::kOnline) {
+    copy_rows_share<C>(a, first, last, u, rank);
+  }
+  for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
     const DecodePlan p = plan[b];
     RowTarget t{};
     t.out_row = b;
@@ -520,55 +543,48 @@ __global__ void __launch_bounds__(C::kThreads) decode_kernel(const CompressArgs 
     t.merge_slot = -1;
     t.state_slot = -1;
     Window w{};
+    w.self_row = -1;
     if constexpr (C::kOnline) {
       // Fold the token into the slot; emit at offset 127, else store the state at write_loc.
       const int off = static_cast<int>((p.seq_len - 1u) % 128u);
       t.emit = off == 127;
       t.merge_slot = off == 0 ? -1 : p.read_page_0;
       t.state_slot = t.emit ? -1 : p.write_loc;
-      t.position = static_cast<int64_t>(p.seq_len) - 128;
       w.q_first = b;
       w.lo = 0;
       w.hi = 1;
-      w.buf_len = 0;
       w.bias_base = off;
-      w.self_row = -1;
-      pool_row<C>(w, t, a, sm, team, u, rank);
-      if (t.emit) {
-        store_gathered_row<C>(t, a, sm, team, u, rank);
-      } else if constexpr (!C::kStoreRows) {
-        zero_out_row<C>(a, b, u, rank);
-      }
     } else {
-      copy_row_share<C, C::kTeamThreads>(a, b, p.write_loc, u, rank, C::kCSplit);
       if constexpr (C::kRatio == 4) {
         t.emit = p.seq_len % 4u == 0;
         w.lo = p.seq_len > 4 ? 0 : 4;
       } else {
         t.emit = p.write_loc % 128 == 127;
-        w.lo = 0;
-      }
-      if (!t.emit) {
-        if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
-        continue;
       }
       w.hi = C::W;
       w.buf_len = C::W;
       w.page0 = p.read_page_0;
       w.page1 = p.read_page_1;
-      w.self_row = p.write_loc;
+      w.self_row = p.write_loc;  // read back from this request's input row, not the state
       w.self_in = b;
-      w.q_first = 0;
-      t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
-      pool_row<C>(w, t, a, sm, team, u, rank);
+      if (!t.emit) {
+        if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
+        continue;
+      }
+    }
+    t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
+    pool_row<C>(w, t, a, sm, team, u, rank);
+    if (t.emit) {
       store_gathered_row<C>(t, a, sm, team, u, rank);
+    } else if constexpr (!C::kStoreRows) {
+      zero_out_row<C>(a, b, u, rank);
     }
   }
 }
 
 // Prefill pass 1 (and the online write list, Pass::kOnlineWrite): one team per plan row.
 template <class C>
-__global__ void __launch_bounds__(C::kThreads) prefill_kernel(const CompressArgs a) {
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(const CompressArgs a) {
   __shared__ Smem<C> sm;
   int rank, team, u;
   int64_t group;
@@ -695,9 +711,32 @@ gpuError_t launch(void (*kernel)(KArgs...), unsigned grid, unsigned block, int c
 #endif
 
 template <class C>
-unsigned row_grid(int64_t rows) {
-  const int64_t per = C::kRowsPerBlock;
+unsigned row_grid(int64_t rows, int64_t rows_per_team) {
+  const int64_t per = C::kTeams * rows_per_team;
   return static_cast<unsigned>((rows + per - 1) / per * C::kCSplit);
+}
+
+// Blocks of `kernel` the device runs at once (queried once per kernel; the current device's).
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel, int threads) {
+  static const int64_t blocks = [&] {
+    int dev = 0, sms = 0, per_sm = 0;
+#if FC_GPU_HIP
+    if (hipGetDevice(&dev) != hipSuccess ||
+        hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, dev) != hipSuccess ||
+        hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != hipSuccess) {
+      return int64_t{1};
+    }
+#else
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
+      return int64_t{1};
+    }
+#endif
+    return static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
+  }();
+  return blocks;
 }
 
 }  // namespace compress
@@ -709,17 +748,22 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt>::r
   using namespace compress;
   constexpr bool kPdl = FC_ENABLE_PDL != 0;
   if (a.is_decode) {
+    // As many requests per team as make the grid one wave of resident blocks: a request that
+    // closes no window costs only its row copy, so fewer, fuller blocks finish sooner.
     using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kDecode>;
-    return launch(decode_kernel<C>, row_grid<C>(a.rows), C::kThreads, C::kCluster ? C::kCSplit : 1,
-                  false, stream, a);
+    const int64_t teams = resident_blocks(decode_kernel<C>, C::kThreads) / C::kCSplit * C::kTeams;
+    CompressArgs d = a;
+    d.reqs_per_team = teams > 0 ? (a.rows + teams - 1) / teams : 1;
+    return launch(decode_kernel<C>, row_grid<C>(a.rows, d.reqs_per_team), C::kThreads,
+                  C::kCluster ? C::kCSplit : 1, false, stream, d);
   }
   using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kPrefill>;
-  gpuError_t err = launch(prefill_kernel<C>, row_grid<C>(a.rows), C::kThreads,
+  gpuError_t err = launch(prefill_kernel<C>, row_grid<C>(a.rows, 1), C::kThreads,
                           C::kCluster ? C::kCSplit : 1, false, stream, a);
   if (err != gpuSuccess) return err;
   if constexpr (kOnline) {
     using CW = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kOnlineWrite>;
-    return launch(prefill_kernel<CW>, row_grid<CW>(a.rows_w), CW::kThreads, 1, kPdl, stream, a);
+    return launch(prefill_kernel<CW>, row_grid<CW>(a.rows_w, 1), CW::kThreads, 1, kPdl, stream, a);
   } else {
     const unsigned grid = static_cast<unsigned>((a.rows_w + 7) / 8);
     return launch(write_kernel<C>, grid, 256, 1, kPdl, stream, a);

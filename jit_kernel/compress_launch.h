@@ -33,6 +33,7 @@ struct CompressArgs {
   int64_t rows_w;           // write-list rows (prefill only)
   int64_t state_rows;
   int64_t input_rows;
+  int64_t reqs_per_team;    // decode: requests per team (set by the launcher)
   bool is_decode;
   StoreArgs store;          // store variants only
 };
