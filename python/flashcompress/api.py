@@ -18,6 +18,7 @@ from .dispatch import ops_backend
 from .layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES, CacheFormat, select_cache_format
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
 from .torch_backend.rows import compress_fields, decode_fields, store_targets, write_fields
+from . import library as _library  # torch.compile: the flashcompress:: custom ops (used only while tracing)
 
 
 def is_overlap_compress(ratio: int) -> bool:
@@ -111,6 +112,9 @@ def compress_forward(
     not at a window boundary); prefill, one row per CompressPlan row (zeros for
     invalid rows).  The state pool is updated in place.
     """
+    if torch.compiler.is_compiling():  # traced by torch.compile: one custom op, no value checks in the graph
+        return _library.compress_forward(kv_score_buffer, kv_score_input, ape, plan, head_dim=head_dim,
+                                         compress_ratio=compress_ratio, out=out, is_online=is_online)
     c = _check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
     if out is None:
         out = torch.empty((c.plan_rows.shape[0], c.head_dim), dtype=c.inp.dtype, device=c.state.device)
@@ -142,6 +146,10 @@ def compress_norm_rope_store(
     ``out_loc[ragged_id]``.  RoPE position is ``seq_len - ratio``.  Skipped rows
     write nothing.
     """
+    if torch.compiler.is_compiling():  # traced by torch.compile: one custom op, no value checks in the graph
+        return _library.compress_norm_rope_store(kv, plan, norm_weight=norm_weight, norm_eps=norm_eps,
+                                                 freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache,
+                                                 page_size=page_size, use_fp4=use_fp4, bf16_store=bf16_store)
     plan = V.check_plan(plan, None)
     plan_rows = V.check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, None)
     kv_t, loc, freq, fmt = V.check_store_args(
@@ -185,6 +193,11 @@ def compress_and_store(
     two-step path's intermediate is); the intermediate rows never reach memory.
     Same arguments and validation as the two calls together, checked once.
     """
+    if torch.compiler.is_compiling():  # traced by torch.compile: one custom op, no value checks in the graph
+        return _library.compress_and_store(
+            kv_score_buffer, kv_score_input, ape, plan, head_dim=head_dim, compress_ratio=compress_ratio,
+            norm_weight=norm_weight, norm_eps=norm_eps, freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache,
+            page_size=page_size, use_fp4=use_fp4, bf16_store=bf16_store, is_online=is_online)
     c = _check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, None, is_online)
     n_rows = c.plan_rows.shape[0]
     loc, freq, fmt = V.check_store_targets(
