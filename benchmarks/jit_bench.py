@@ -12,10 +12,9 @@ Measured quantities:
                  GPU is present, as a real caller has): ``import tvm_ffi``,
                  ``import flashcompress.jit``, the engine and family modules (one-time imports,
                  reported separately), then the first ``get_module`` of a cached variant
-                 (settings, digests, toolchain memo, manifest checks, size + sidecar check,
+                 (settings, digests, toolchain memo, manifest check, library size check,
                  dlopen, export check).  Three lookups: with the toolchain (the content key);
-                 without it (CUDA_HOME=/nonexistent, offline: through the current-* pointer);
-                 and with the .verified sidecars removed (the library is hashed).
+                 and without it (CUDA_HOME=/nonexistent, offline: any entry under the input digest).
   cached call    ``get_module(family, **params)`` after the first call (memo hit), and
                  ``load(key)`` with a prebuilt key, against a bare dict lookup.
   tvm-ffi build  (``--compare-tvm-ffi``) the same rendered sources through ``tvm_ffi.cpp.build``,
@@ -70,9 +69,9 @@ def _use_cache(cache_dir: Path) -> None:
 
 
 def _keys(families: list[str]) -> list:
-    from flashcompress.jit import VariantKey
+    from flashcompress.jit import VariantKey, make_key
 
-    return [VariantKey.make(name, **params) for name in families for params in VARIANTS[name]]
+    return [make_key(name, **params) for name in families for params in VARIANTS[name]]
 
 
 def _fmt(values: list[float], unit: float = 1.0, digits: int = 2) -> str:
@@ -135,11 +134,9 @@ print(json.dumps({"tvm_ffi_import": t1 - t0, "jit_import": t2 - t1, "engine_impo
 
 
 LOAD_MODES = {
-    # label: (extra environment, remove the .verified sidecars before each run)
-    "toolchain present": ({}, False),
-    "no toolchain (CUDA_HOME=/nonexistent, offline)": ({"CUDA_HOME": "/nonexistent", "FLASHCOMPRESS_OFFLINE": "1"},
-                                                       False),
-    "no sidecar (sha256 of the .so)": ({}, True),
+    # label: extra environment
+    "toolchain present": {},
+    "no toolchain (CUDA_HOME=/nonexistent, offline)": {"CUDA_HOME": "/nonexistent", "FLASHCOMPRESS_OFFLINE": "1"},
 }
 
 
@@ -152,13 +149,10 @@ def bench_fresh_load(families: list[str], cache_dir: Path, reps: int) -> list[li
     base_env["PYTHONPYCACHEPREFIX"] = str(cache_dir.parent / "pycache")
     for name in families:
         params = VARIANTS[name][0]
-        for mode, (extra, drop_sidecar) in LOAD_MODES.items():
+        for mode, extra in LOAD_MODES.items():
             env = dict(base_env, **extra)
             samples = []
             for rep in range(reps + 1):
-                if drop_sidecar:
-                    for sidecar in cache_dir.glob("*/*/*/*/*.so.verified"):
-                        sidecar.unlink()
                 proc = subprocess.run([sys.executable, "-c", FRESH_LOAD, name, json.dumps(params)], env=env,
                                       capture_output=True, text=True)
                 if proc.returncode:
@@ -180,7 +174,7 @@ def bench_cached_call(families: list[str], cache_dir: Path) -> list[list[str]]:
     name = families[-1]
     params = VARIANTS[name][0]
     jit.get_module(name, **params)
-    key = jit.VariantKey.make(name, **params)
+    key = jit.make_key(name, **params)
     memo = {("x", 1): 1}
     rows = []
     for label, stmt in [
@@ -199,12 +193,12 @@ def bench_tvm_ffi_build(cache_dir: Path, workdir: Path) -> list[list[str]]:
     """Same rendered plan sources through tvm_ffi.cpp.build (its own ninja file and cache)."""
     import tvm_ffi.cpp
 
-    from flashcompress.jit import VariantKey, get_family
+    from flashcompress.jit import VariantKey, make_key, get_family
     from flashcompress.jit.render import kernel_include_dir, render_sources
 
     _use_cache(cache_dir)
     name = "plan" if "plan" in VARIANTS else "selftest"
-    key = VariantKey.make(name, **VARIANTS[name][0])
+    key = make_key(name, **VARIANTS[name][0])
     src_dir = workdir / "tvmffi-src"
     src_dir.mkdir(exist_ok=True)
     files = []

@@ -121,12 +121,12 @@ def test_kernel_sources_use_the_runtime_shim() -> None:
 
 @pytest.mark.parametrize("params", PLAN_VARIANTS, ids=_variant_id)
 def test_hip_render(private_env, params) -> None:
-    from flashcompress.jit import VariantKey, get_family
+    from flashcompress.jit import VariantKey, make_key, get_family
     from flashcompress.jit.render import render_sources
 
     fam = get_family("plan")
-    hip = render_sources(VariantKey.make("plan", target=HIP_TARGET, **params), fam)
-    cuda = render_sources(VariantKey.make("plan", target="cuda:9.0a", **params), fam)
+    hip = render_sources(make_key("plan", target=HIP_TARGET, **params), fam)
+    cuda = render_sources(make_key("plan", target="cuda:9.0a", **params), fam)
     for name in ("kernel.cu", "binding.cpp"):
         # The GPU runtime (and the DLPack device type) follows the compile command (gpu_runtime.h),
         # so a variant's sources are the same for both backends apart from the generated header line.
@@ -137,10 +137,10 @@ def test_hip_render(private_env, params) -> None:
 
 def test_hip_command_lines_select_the_hip_runtime(private_env) -> None:
     """gpu_runtime.h picks HIP from __HIP_PLATFORM_AMD__: both TUs of a HIP variant must define it."""
-    from flashcompress.jit import VariantKey, build, get_family
+    from flashcompress.jit import VariantKey, make_key, build, get_family
     from flashcompress.jit.toolchain import Toolchain, TvmFfiInfo
 
-    key = VariantKey.make("plan", target=HIP_TARGET, ratio=4, online=False)
+    key = make_key("plan", target=HIP_TARGET, ratio=4, online=False)
     tc = Toolchain("hip", Path("/opt/rocm"), Path("/opt/rocm/bin/hipcc"), Path("/usr/bin/c++"), "hipcc x", "c++ y")
     tvm = TvmFfiInfo("0", (Path("/inc"),), Path("/lib"), "tvm_ffi")
     compiles, (link,) = build.plan_steps(key, get_family("plan"), tc, tvm, ["kernel.cu", "binding.cpp"],
@@ -150,7 +150,7 @@ def test_hip_command_lines_select_the_hip_runtime(private_env) -> None:
     assert {"-x", "hip", "--offload-arch=gfx90a", "-D__HIP_PLATFORM_AMD__=1"} <= set(kernel.argv)
     assert "-D__HIP_PLATFORM_AMD__=1" in binding.argv
     assert "-lamdhip64" in link.argv
-    cuda = VariantKey.make("plan", target="cuda:9.0a", ratio=4, online=False)
+    cuda = make_key("plan", target="cuda:9.0a", ratio=4, online=False)
     tc_cuda = Toolchain("cuda", Path("/cuda"), Path("/cuda/bin/nvcc"), Path("/usr/bin/c++"), "nvcc x", "c++ y")
     compiles, _ = build.plan_steps(cuda, get_family("plan"), tc_cuda, tvm, ["kernel.cu", "binding.cpp"],
                                    Path("/jk"), "m.so", Path("/leaf"))
@@ -163,11 +163,11 @@ def test_hip_command_lines_select_the_hip_runtime(private_env) -> None:
 @requires_hipcc
 @pytest.mark.parametrize("params", PLAN_VARIANTS, ids=_variant_id)
 def test_plan_kernel_tu_compiles_with_hipcc(private_env, tmp_path: Path, params) -> None:
-    from flashcompress.jit import VariantKey, build, get_family
+    from flashcompress.jit import VariantKey, make_key, build, get_family
     from flashcompress.jit.render import kernel_include_dir, render_sources
     from flashcompress.jit.toolchain import TvmFfiInfo, get_toolchain
 
-    key = VariantKey.make("plan", target=HIP_TARGET, **params)
+    key = make_key("plan", target=HIP_TARGET, **params)
     fam = get_family("plan")
     sources = render_sources(key, fam)
     for name, text in sources.items():
@@ -194,11 +194,11 @@ def test_plan_kernel_tu_compiles_with_hipcc(private_env, tmp_path: Path, params)
 @requires_hipcc
 def test_plan_variants_build_through_the_engine_for_hip(private_env) -> None:
     from flashcompress.cuda_ops import plans as plan_builder
-    from flashcompress.jit import VariantKey, acquire, engine
+    from flashcompress.jit import VariantKey, make_key, acquire, engine
 
     z = torch.zeros(2, dtype=torch.int64)
     for params in PLAN_VARIANTS:
-        key = VariantKey.make("plan", target=HIP_TARGET, **params)
+        key = make_key("plan", target=HIP_TARGET, **params)
         first = acquire(key)
         assert first.status == "built", first
         for name in plan_builder.EXPORTS:
@@ -224,9 +224,9 @@ def test_plan_variants_build_through_the_engine_for_hip(private_env) -> None:
 @requires_hipcc
 def test_selftest_builds_through_the_engine_for_hip(private_env) -> None:
     """The engine's own family uses the same shim (gpu_runtime.h) and binds kDLROCM on HIP."""
-    from flashcompress.jit import VariantKey, acquire
+    from flashcompress.jit import VariantKey, make_key, acquire
 
-    key = VariantKey.make("selftest", target=HIP_TARGET, value=3, block=128)
+    key = make_key("selftest", target=HIP_TARGET, value=3, block=128)
     built = acquire(key)
     assert built.status == "built", built
     x = torch.arange(5, dtype=torch.float32)

@@ -40,7 +40,7 @@ def replace_file(path: Path, data: bytes) -> None:
 
 
 def selftest_key(value: int, block: int = 128, target: str | None = None) -> jit.VariantKey:
-    return jit.VariantKey.make("selftest", target=target, value=value, block=block)
+    return jit.make_key("selftest", target=target, value=value, block=block)
 
 
 def check_module(module, value: int, block: int = 128) -> None:
@@ -99,12 +99,6 @@ def test_settings_unknown_key_in_user_file(private_env: dict[str, str], tmp_path
         settings.reload_settings()
 
 
-def test_flat_toml_parser_matches_tomllib() -> None:
-    tomllib = pytest.importorskip("tomllib")
-    text = settings.default_config_path().read_text()
-    assert settings.parse_flat_toml(text) == tomllib.loads(text)
-
-
 def test_backend_and_debug_switches(private_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
@@ -156,13 +150,13 @@ def test_family_space_validation_and_expansion() -> None:
 
 def test_variant_key_names(private_env: dict[str, str]) -> None:
     key = selftest_key(3)
-    assert key == jit.VariantKey.make("selftest", block=128, value=3)  # param order is irrelevant
-    assert hash(key) == hash(jit.VariantKey.make("selftest", block=128, value=3))
+    assert key == jit.make_key("selftest", block=128, value=3)  # param order is irrelevant
+    assert hash(key) == hash(jit.make_key("selftest", block=128, value=3))
     assert key.params == (("block", 128), ("value", 3))
     assert key.target == "cuda:9.0a"
     assert key.module_name == "fc_selftest_block128_value3"
     assert key.describe() == "selftest(block=128, value=3) @ cuda:9.0a"
-    assert variant.parse_spec(key.spec()) == ("selftest", {"block": 128, "value": 3})
+    assert family.parse_spec(key.spec()) == ("selftest", {"block": 128, "value": 3})
     neg = selftest_key(-5)
     assert neg.module_name == "fc_selftest_block128_valuem5"
     hip = selftest_key(3, target="gfx942")
@@ -173,9 +167,9 @@ def test_variant_key_names(private_env: dict[str, str]) -> None:
     with pytest.raises(ValueError):
         variant.normalize_target("volta")
     with pytest.raises(ValueError, match="must be an int"):
-        jit.VariantKey.make("selftest", value="3", block=128)
+        jit.make_key("selftest", value="3", block=128)
     with pytest.raises(jit.UnknownFamily, match="nosuchfamily"):
-        jit.VariantKey.make("nosuchfamily")
+        jit.make_key("nosuchfamily")
 
 
 def test_hip_build_commands(private_env: dict[str, str]) -> None:
@@ -195,61 +189,32 @@ def test_hip_build_commands(private_env: dict[str, str]) -> None:
     assert [s.label for s in compiles] == ["compile kernel.cu", "compile binding.cpp"]  # config.h not compiled
 
 
-def test_header_closure_scanner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The include scanner follows static includes into jit_kernel/ and gives up (whole tree) when it must."""
+def test_sources_digest_covers_templates_and_headers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file under templates/ and jit_kernel/ counts (path + content); nothing else does."""
     templates, headers = tmp_path / "templates", tmp_path / "jit_kernel"
-    (headers / "sub").mkdir(parents=True)
-    templates.mkdir()
-    files = {
-        templates / "k.cu.j2": '#include "config.h"\n#include "a.cuh"  // the kernel\n#include <cuda_runtime.h>\n'
-                               '{% include "part.j2" %}\n',
-        templates / "part.j2": "#  include <sub/b.cuh>\n",
-        templates / "config.h.j2": "constexpr int kX = {{ x }};\n",
-        headers / "a.cuh": '#pragma once\n#include "sub/c.cuh"\n#include <vector>\n',
-        headers / "sub" / "b.cuh": "#pragma once\n",
-        headers / "sub" / "c.cuh": '#include "d.cuh"\n',  # relative to sub/ first
-        headers / "sub" / "d.cuh": "#pragma once\n",
-        headers / "d.cuh": "// same name one level up: not the one sub/c.cuh includes\n",
-        headers / "unrelated.cuh": "#pragma once\n",
-    }
-    for path, text in files.items():
-        path.write_text(text)
+    shutil.copytree(render.template_dir(), templates)
+    shutil.copytree(render.kernel_include_dir(), headers)
+    render.clear_digest_memo()
+    base = render.sources_digest()
     monkeypatch.setattr(render, "template_dir", lambda: templates)
     monkeypatch.setattr(render, "kernel_include_dir", lambda: headers)
-    render.clear_digest_memo()
-    sources = (("k.cu.j2", "kernel.cu"), ("config.h.j2", "config.h"))
-    assert render.header_closure(sources) == (("a.cuh", "sub/b.cuh", "sub/c.cuh", "sub/d.cuh"), "")
-    digest = render.headers_digest(sources)
-    assert digest.startswith("closure:")
-    (headers / "unrelated.cuh").write_text("// edited\n")
-    (headers / "d.cuh").write_text("// edited too\n")
-    render.clear_digest_memo()
-    assert render.headers_digest(sources) == digest
-    (headers / "sub" / "d.cuh").write_text("#pragma once // edited\n")
-    render.clear_digest_memo()
-    assert render.headers_digest(sources) != digest
-    # What the scanner cannot follow makes every file count.
-    for text, reason in [("#include KERNEL_HEADER\n", "computed"), ('#include "{{ name }}.cuh"\n', "computed"),
-                         ('#include "nowhere.cuh"\n', "resolves nowhere"), ('#include "../outside.h"\n', "outside")]:
-        (tmp_path / "outside.h").write_text("// outside jit_kernel\n")
-        (templates / "part.j2").write_text(text)
+
+    def digest() -> str:
         render.clear_digest_memo()
-        closure, why = render.header_closure(sources)
-        assert closure is None and reason in why, (text, why)
-        assert render.headers_digest(sources) == "tree:" + render.tree_digest(headers)
-    (templates / "part.j2").write_text("")
-    render.clear_digest_memo()
-    assert render.header_closure(sources, ("-include", "x.h"))[0] is None
-    assert render.header_closure(sources, ("-O2",))[0] == ("a.cuh", "sub/c.cuh", "sub/d.cuh")
+        return render.sources_digest()
 
-
-def test_header_closure_of_the_real_families() -> None:
+    assert digest() == base  # same content at another path
+    for path in (headers / "selftest.cuh", templates / "plan_kernel.cu.j2"):
+        original = path.read_text()
+        path.write_text(original + "\n// edited\n")
+        assert digest() != base, path
+        path.write_text(original)
+    (headers / "new.cuh").write_text("// a new header\n")
+    assert digest() != base
+    (headers / "new.cuh").unlink()
+    (tmp_path / "unrelated.h").write_text("// outside both trees\n")
+    assert digest() == base
     render.clear_digest_memo()
-    plan, _ = render.header_closure(jit.get_family("plan").sources)
-    selftest, _ = render.header_closure(jit.get_family("selftest").sources)
-    assert plan is not None and selftest is not None
-    assert {"plan.cuh", "plan_builder.cuh", "plan_binding.h"} <= set(plan) and "selftest.cuh" not in plan
-    assert "selftest.cuh" in selftest and not {"plan.cuh", "plan_builder.cuh"} & set(selftest)
 
 
 @requires_nvcc
@@ -268,9 +233,8 @@ def test_key_changes_only_with_inputs(jit_env: dict[str, str], tmp_path: Path,
     assert engine.resolve(selftest_key(3, target="cuda:10.0a")).layout.key != base
     # A parameter.
     assert engine.resolve(selftest_key(4)).layout.key != base
-    # A header under jit_kernel/ (edit a copy of the tree): the key changes when a header the family's
-    # sources include (directly or through another header) changes, and not when any other file does.
-    plan = jit.VariantKey.make("plan", ratio=4, online=False)
+    # Any file under jit_kernel/ or templates/ (edit a copy of the tree): every variant's key changes.
+    plan = jit.make_key("plan", ratio=4, online=False)
     plan_base = engine.resolve(plan).layout.key
     headers = tmp_path / "jit_kernel"
     shutil.copytree(render.kernel_include_dir(), headers)
@@ -281,20 +245,11 @@ def test_key_changes_only_with_inputs(jit_env: dict[str, str], tmp_path: Path,
         return engine.resolve(key).layout.key, engine.resolve(plan).layout.key
 
     assert keys() == (base, plan_base)  # identical content, different path: same keys
-    plan_headers, _ = render.header_closure(jit.get_family("plan").sources)
-    assert "plan.cuh" in plan_headers and "selftest.cuh" not in plan_headers
     (headers / "selftest.cuh").write_text((headers / "selftest.cuh").read_text() + "\n// edited\n")
-    selftest_edited, plan_after = keys()
-    assert selftest_edited != base, "editing a header selftest includes must change its key"
-    assert plan_after == plan_base, "editing selftest.cuh must not invalidate the plan variants"
-    # plan.cuh is reached through plan_builder.cuh / plan_binding.h (a transitive include).
-    (headers / "plan.cuh").write_text((headers / "plan.cuh").read_text() + "\n// edited\n")
-    selftest_now, plan_edited = keys()
-    assert plan_edited != plan_base and selftest_now == selftest_edited
-    # A new header nobody includes changes nothing.
-    before = keys()
-    (headers / "unused_new.cuh").write_text("// not included by anything\n")
-    assert keys() == before
+    selftest_edited, plan_edited = keys()
+    assert selftest_edited != base and plan_edited != plan_base
+    assert selftest_edited.split("/")[1] == base.split("/")[1], "a header edit changes the input digest only"
+    render.clear_digest_memo()
     monkeypatch.undo()
     apply_environ(monkeypatch, jit_env)
     assert engine.resolve(key).layout.key == base
@@ -316,7 +271,8 @@ def test_key_changes_only_with_inputs(jit_env: dict[str, str], tmp_path: Path,
         return dataclasses.replace(real(backend, root), device_version="nvcc: release 99.9")
 
     monkeypatch.setattr(engine, "get_toolchain", other_compiler)
-    assert engine.resolve(key).layout.key != base
+    other = engine.resolve(key).layout.key
+    assert other != base and other.split("/")[0] == base.split("/")[0], "compilers: the toolchain digest only"
 
 
 # ----------------------------------------------------------------------------- builds
@@ -335,7 +291,9 @@ def test_cold_build_then_cache_hit(jit_env: dict[str, str], monkeypatch: pytest.
     assert {"kernel.cu", "binding.cpp", "config.h", "build.log"} <= {p.name for p in leaf.iterdir()}
     manifest = json.loads((leaf / "variant.json").read_text())
     assert manifest["params"] == {"block": 128, "value": 3} and manifest["target"] == "cuda:9.0a"
-    assert leaf.parent.parent.name == "sm90a" and leaf.parent.parent.parent.name == cache.package_version()
+    # <version>/<tag>/<module>/<input digest>/<toolchain digest>
+    assert leaf.parent.parent.name == key.module_name and leaf.parent.parent.parent.name == "sm90a"
+    assert leaf.parent.parent.parent.parent.name == cache.package_version()
 
     # Same process, memo forgotten: a disk hit, no compiler (subprocess.run would be the compiler).
     engine.clear_memo()
@@ -353,14 +311,14 @@ def test_cold_build_then_cache_hit(jit_env: dict[str, str], monkeypatch: pytest.
     # A fresh process: a hit, nothing built, no ninja/nvcc child ever started.
     proc = run_python(textwrap.dedent("""
         import json, subprocess
-        from flashcompress.jit import VariantKey, engine, build
+        from flashcompress.jit import VariantKey, make_key, engine, build
         calls = []
         real = subprocess.Popen.__init__
         def spy(self, *a, **k):
             calls.append(a[0] if a else k.get("args"))
             return real(self, *a, **k)
         subprocess.Popen.__init__ = spy
-        a = engine.acquire(VariantKey.make("selftest", value=3, block=128))
+        a = engine.acquire(make_key("selftest", value=3, block=128))
         print(json.dumps({"status": a.status, "builds": build.build_counter(), "children": calls}))
     """), jit_env)
     assert proc.returncode == 0, proc.stderr
@@ -372,8 +330,8 @@ RACE_SCRIPT = textwrap.dedent("""
     import json, os, sys, time
     from pathlib import Path
     import torch, tvm_ffi, jinja2, filelock  # import before the barrier
-    from flashcompress.jit import VariantKey, engine, build
-    key = VariantKey.make("selftest", value=7, block=64)
+    from flashcompress.jit import VariantKey, make_key, engine, build
+    key = make_key("selftest", value=7, block=64)
     barrier = Path(sys.argv[1])
     (barrier / f"ready-{os.getpid()}").touch()
     while not (barrier / "go").exists():
@@ -404,7 +362,8 @@ def test_four_processes_race_one_build(private_env: dict[str, str], tmp_path: Pa
     assert sorted(r["status"] for r in results) == ["built", "waited", "waited", "waited"]
     assert sum(r["builds"] for r in results) == 1 and all(r["ok"] for r in results)
     module_dir = next(Path(private_env["FLASHCOMPRESS_CACHE_DIR"]).glob("*/sm90a/fc_selftest_block64_value7"))
-    assert len([p for p in module_dir.iterdir() if p.is_dir()]) == 1  # one entry, no staging debris
+    (input_dir,) = [p for p in module_dir.iterdir() if p.is_dir()]
+    assert len([p for p in input_dir.iterdir() if p.is_dir()]) == 1  # one entry, no staging debris
 
 
 def zero_middle_in_place(path: Path, length: int = 4096) -> None:
@@ -425,24 +384,24 @@ def test_corrupt_library_is_detected_removed_and_rebuilt(jit_env: dict[str, str]
     key = selftest_key(11)
     # Build in another process: this one must never have mapped the library it damages (dlopen
     # would hand back the already-loaded copy, and rewriting a mapped library in place crashes).
-    proc = run_python("from flashcompress.jit import VariantKey, acquire\n"
-                      "print(acquire(VariantKey.make('selftest', value=11, block=128)).path)", jit_env)
+    proc = run_python("from flashcompress.jit import VariantKey, make_key, acquire\n"
+                      "print(acquire(make_key('selftest', value=11, block=128)).path)", jit_env)
     assert proc.returncode == 0, proc.stderr
     leaf = Path(proc.stdout.strip().splitlines()[-1])
     library = leaf / f"{key.module_name}.so"
     good = library.read_bytes()
-    assert (leaf / f"{library.name}.verified").is_file(), "publishing records the verified file identity"
-    # Same size, same inode, same mtime, 4 KiB of zeros mid-file (dlopen may well still succeed: the
-    # damage can sit in code that is never run at load). The sidecar no longer matches (ctime moved),
-    # so the first load hashes the file and catches it: warned about, removed, rebuilt.
+    # Same size, same inode, same mtime, 4 KiB of zeros mid-file: dlopen may well still succeed (the
+    # damage can sit in code that is never run), so loads do not hash; `cache verify` catches it.
     zero_middle_in_place(library)
-    assert engine.verify_entry(leaf) == (False, f"{library.name}: sha256 mismatch")
+    assert maintenance.verify_entry(leaf) == (False, f"{library.name}: sha256 mismatch")
+    # A damaged ELF header (same size): the load fails; warned about, removed, rebuilt.
+    replace_file(library, b"\0" * 4096 + good[4096:])
     builds = build.build_counter()
-    with pytest.warns(errors.CacheCorruptionWarning, match="sha256"):
+    with pytest.warns(errors.CacheCorruptionWarning, match="failed to load"):
         again = jit.acquire(key)
     assert again.status == "rebuilt" and build.build_counter() == builds + 1
     check_module(again.module, 11)
-    assert engine.verify_entry(leaf) == (True, "ok")
+    assert maintenance.verify_entry(leaf) == (True, "ok")
     # Truncated (a half-copied file): caught by the size check, warned about, removed, rebuilt.
     replace_file(library, good[: len(good) // 2])
     engine.clear_memo()
@@ -451,49 +410,7 @@ def test_corrupt_library_is_detected_removed_and_rebuilt(jit_env: dict[str, str]
         again = jit.acquire(key)
     assert again.status == "rebuilt" and build.build_counter() == builds + 1
     check_module(again.module, 11)
-    assert engine.verify_entry(leaf) == (True, "ok")
-
-
-@requires_nvcc
-@pytest.mark.nvcc
-def test_verified_sidecar_skips_the_hash(jit_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first load of a file hashes it and records (inode, size, mtime, ctime); later loads of the
-    same file skip the hash; a read-only cache just hashes again next time."""
-    key = selftest_key(3)
-    leaf = jit.acquire(key).path
-    library = leaf / f"{key.module_name}.so"
-    sidecar = leaf / f"{library.name}.verified"
-    hashed: list[int] = []
-    real_hash = engine._hash_file
-    monkeypatch.setattr(engine, "_hash_file", lambda f: hashed.append(1) or real_hash(f))
-
-    def load_again() -> engine.Acquired:
-        engine.clear_memo()
-        acquired = jit.acquire(key)
-        assert acquired.status == "hit"
-        return acquired
-
-    sidecar.unlink(missing_ok=True)
-    load_again()
-    assert len(hashed) == 1 and sidecar.is_file()
-    recorded = json.loads(sidecar.read_text())
-    st = library.stat()
-    manifest = json.loads((leaf / "variant.json").read_text())
-    assert recorded == {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                        "ctime_ns": st.st_ctime_ns, "sha256": manifest["library"]["sha256"]}
-    load_again()
-    load_again()
-    assert len(hashed) == 1, "a load of a verified, unchanged file must not hash it again"
-    # Another file at the same path (a new inode, e.g. a copied cache): hashed once more.
-    replace_file(library, library.read_bytes())
-    load_again()
-    assert len(hashed) == 2
-    # A read-only cache: the sidecar cannot be written; the load still succeeds (and hashes).
-    sidecar.unlink()
-    monkeypatch.setattr(engine, "write_atomic", lambda path, text: False)
-    load_again()
-    load_again()
-    assert len(hashed) == 4 and not sidecar.exists()
+    assert maintenance.verify_entry(leaf) == (True, "ok")
 
 
 @requires_nvcc
@@ -509,7 +426,7 @@ def test_offline_mode(jit_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) 
     message = str(info.value)
     assert "selftest(block=128, value=999) @ cuda:9.0a" in message
     assert "FLASHCOMPRESS_OFFLINE=1" in message
-    assert ("flashcompress prewarm --import flashcompress.testing.selftest --arch cuda:9.0a "
+    assert ("flashcompress prewarm --arch cuda:9.0a "
             "'selftest:block=128,value=999'") in message
     assert build.build_counter() == builds
 
@@ -517,7 +434,7 @@ def test_offline_mode(jit_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) 
 NO_TOOLCHAIN_LOAD = textwrap.dedent("""
     import json, subprocess, sys
     import torch
-    from flashcompress.jit import VariantKey, engine, build
+    from flashcompress.jit import VariantKey, make_key, engine, build
     spawned = []
     real = subprocess.Popen.__init__
     def spy(self, *a, **k):
@@ -526,7 +443,7 @@ NO_TOOLCHAIN_LOAD = textwrap.dedent("""
     subprocess.Popen.__init__ = spy
     out = {}
     for family, params in json.loads(sys.argv[1]):
-        a = engine.acquire(VariantKey.make(family, **params))
+        a = engine.acquire(make_key(family, **params))
         out[family] = [a.status, str(a.path)]
         if family == "selftest":
             x = torch.arange(8, dtype=torch.float32); y = torch.empty_like(x); a.module.add_value_cpu(x, y)
@@ -541,7 +458,7 @@ def test_prewarmed_cache_loads_without_the_toolchain(jit_env: dict[str, str], mo
     """A runtime image without the CUDA toolkit (or without a host compiler) loads a prewarmed cache,
     offline or not; a miss there raises ToolchainMissing naming the compiler and both remedies."""
     wanted = [["selftest", {"value": 3, "block": 128}], ["plan", {"ratio": 4, "online": False}]]
-    paths = {family: str(jit.acquire(jit.VariantKey.make(family, **params)).path) for family, params in wanted}
+    paths = {family: str(jit.acquire(jit.make_key(family, **params)).path) for family, params in wanted}
     for extra in ({"CUDA_HOME": "/nonexistent", "FLASHCOMPRESS_OFFLINE": "1"},
                   {"CUDA_HOME": "/nonexistent"},
                   {"CXX": "/nonexistent/c++"}):
@@ -563,7 +480,7 @@ def test_prewarmed_cache_loads_without_the_toolchain(jit_env: dict[str, str], mo
     assert err.compilers == ["nvcc"]
     assert "selftest(block=128, value=998) @ cuda:9.0a" in message
     assert "no compiler was found" in message and "/nonexistent/bin/nvcc" in message
-    assert ("flashcompress prewarm --import flashcompress.testing.selftest --arch cuda:9.0a "
+    assert ("flashcompress prewarm --arch cuda:9.0a "
             "'selftest:block=128,value=998'") in message
     assert "FLASHCOMPRESS_BACKEND=torch" in message
     assert build.build_counter() == builds
@@ -579,18 +496,19 @@ def test_prewarmed_cache_loads_without_the_toolchain(jit_env: dict[str, str], mo
     # `prewarm --dry-run` and `cache list` work without a compiler too.
     leaf, present = engine.lookup(selftest_key(3))
     assert present and str(leaf) == paths["selftest"]
-    assert engine.lookup(selftest_key(998)) == (engine.resolve(selftest_key(998)).module_dir, False)
+    assert engine.lookup(selftest_key(998)) == (engine.resolve(selftest_key(998)).input_dir, False)
 
 
 @requires_nvcc
 @pytest.mark.nvcc
 def test_other_compilers_rebuild_unless_offline(private_env: dict[str, str], shared_cache: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Compilers that differ from the builder's: a normal run rebuilds (new key); an offline run loads
-    the entry built from the same inputs through the current-* pointer, after checking its manifest."""
+    """Compilers that differ from the builder's: a normal run rebuilds (another toolchain digest); an
+    offline run loads the entry built from the same inputs (a sibling under the input digest), after
+    checking that its manifest matches the directory it sits in."""
     key = selftest_key(3)
     jit_root = Path(private_env["FLASHCOMPRESS_CACHE_DIR"])
-    # Seed this private cache with the session's entry (and its pointer) instead of building it again.
+    # Seed this private cache with the session's entry instead of building it again.
     monkeypatch.setenv("FLASHCOMPRESS_CACHE_DIR", str(shared_cache))
     reset_engine()
     shared_res = engine.resolve(key)
@@ -598,8 +516,7 @@ def test_other_compilers_rebuild_unless_offline(private_env: dict[str, str], sha
     monkeypatch.setenv("FLASHCOMPRESS_CACHE_DIR", str(jit_root))
     reset_engine()
     res = engine.resolve(key)
-    shutil.copytree(shared_res.module_dir, res.module_dir)
-    assert (res.pointer).read_text().strip() == res.layout.key
+    shutil.copytree(shared_res.input_dir, res.input_dir)
     original = res.layout
 
     real = engine.get_toolchain
@@ -615,30 +532,28 @@ def test_other_compilers_rebuild_unless_offline(private_env: dict[str, str], sha
     offline = jit.acquire(key)
     assert offline.status == "hit" and offline.path == original.leaf
     check_module(offline.module, 3)
-    # A pointer to an entry whose manifest belongs to other inputs is not trusted.
+    # An entry whose manifest belongs to other inputs is not trusted.
     manifest_path = original.manifest
     manifest = json.loads(manifest_path.read_text())
-    tampered = dict(manifest, key_inputs=dict(manifest["key_inputs"], flags={"device": ["-DTAMPERED"]}))
-    manifest_path.write_text(json.dumps(tampered))
+    manifest_path.write_text(json.dumps(dict(manifest, input_digest="0" * 16)))
     engine.clear_memo()
-    with pytest.warns(errors.CacheCorruptionWarning, match="other sources, flags or target"):
+    with pytest.warns(errors.CacheCorruptionWarning, match="other sources, flags, target or compilers"):
         with pytest.raises(jit.OfflineCacheMiss):
             jit.acquire(key)
-    shutil.rmtree(res.module_dir)
-    shutil.copytree(shared_res.module_dir, res.module_dir)
-    # Not offline: build with "these" compilers, as before; the pointer now names the new entry.
+    shutil.rmtree(res.input_dir)
+    shutil.copytree(shared_res.input_dir, res.input_dir)
+    # Not offline: build with "these" compilers, next to the original entry.
     monkeypatch.setenv("FLASHCOMPRESS_OFFLINE", "0")
     settings.reload_settings()
     engine.clear_memo()
     rebuilt = jit.acquire(key)
     assert rebuilt.status == "built" and rebuilt.path == other.layout.leaf != original.leaf
-    assert res.pointer.read_text().strip() == other.layout.key
-    # Back to the real compilers: their entry is a hit, and the pointer follows it again.
+    assert rebuilt.path.parent == original.leaf.parent
+    # Back to the real compilers: their entry is a hit.
     monkeypatch.setattr(engine, "get_toolchain", real)
     reset_engine()
     again = jit.acquire(key)
     assert again.status == "hit" and again.path == original.leaf
-    assert res.pointer.read_text().strip() == original.key
 
 
 @requires_nvcc
@@ -686,13 +601,13 @@ def test_template_error_names_variable(jit_env: dict[str, str], tmp_path: Path) 
 @requires_nvcc
 @pytest.mark.nvcc
 def test_killed_build_leaves_nothing_loadable(private_env: dict[str, str]) -> None:
-    code = ("from flashcompress.jit import VariantKey, engine\n"
-            "engine.acquire(VariantKey.make('selftest', value=23, block=128))\n")
+    code = ("from flashcompress.jit import VariantKey, make_key, engine\n"
+            "engine.acquire(make_key('selftest', value=23, block=128))\n")
     proc = subprocess.Popen([sys.executable, "-c", code], env=private_env, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     root = Path(private_env["FLASHCOMPRESS_CACHE_DIR"])
     deadline = time.time() + 60
-    while time.time() < deadline and not list(root.glob("*/*/*/.staging-*/build.log")):
+    while time.time() < deadline and not list(root.glob("*/*/*/*/.staging-*/build.log")):
         time.sleep(0.01)
     time.sleep(0.2)  # the compilers are running now (a build takes well over a second)
     os.killpg(proc.pid, signal.SIGKILL)  # the build process and its compilers
@@ -768,7 +683,7 @@ def test_size_cap_evicts_other_versions_then_lru(tmp_path: Path) -> None:
     current = cache.package_version()
 
     def entry(version: str, module: str, key: str, age: float) -> Path:
-        leaf = root / version / "sm90a" / module / key
+        leaf = root / version / "sm90a" / module / "inputs" / key
         leaf.mkdir(parents=True)
         (leaf / "x.so").write_bytes(b"\0" * 1000)
         os.utime(leaf, (time.time() - age, time.time() - age))
@@ -778,7 +693,7 @@ def test_size_cap_evicts_other_versions_then_lru(tmp_path: Path) -> None:
     lru = entry(current, "fc_b", "k2", 100)
     recent = entry(current, "fc_c", "k3", 50)
     just_built = entry(current, "fc_d", "k4", 500)
-    removed = maintenance.enforce_size_cap(root, 2500, keep=just_built)
+    removed = cache.enforce_size_cap(root, 2500, keep=just_built)
     assert removed == [old_version, lru]
     assert recent.exists() and just_built.exists()
 
@@ -871,6 +786,6 @@ def test_gpu_prewarm_warm_launch(jit_env: dict[str, str], capsys: pytest.Capture
     from flashcompress import cli
 
     engine.clear_memo()
-    code = cli.main(["prewarm", "--import", "flashcompress.testing.selftest", "selftest:value=3,block=128"])
+    code = cli.main(["prewarm", "selftest:value=3,block=128"])
     out = capsys.readouterr().out
     assert code == 0 and "warm-launched 1 variant(s) on the GPU" in out

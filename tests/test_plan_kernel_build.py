@@ -73,10 +73,10 @@ def test_plan_family_registration() -> None:
 
 @pytest.mark.parametrize("params", EXPECTED_VARIANTS, ids=lambda p: f"r{p['ratio']}_online{int(p['online'])}")
 def test_rendered_sources_are_thin(jit_env, params) -> None:
-    from flashcompress.jit import VariantKey, get_family
+    from flashcompress.jit import VariantKey, make_key, get_family
     from flashcompress.jit.render import render_sources, template_dir
 
-    key = VariantKey.make("plan", target="cuda:9.0a", **params)
+    key = make_key("plan", target="cuda:9.0a", **params)
     src = render_sources(key, get_family("plan"))
     kernel, binding = src["kernel.cu"], src["binding.cpp"]
     online = "true" if params["online"] else "false"
@@ -95,10 +95,10 @@ def test_rendered_sources_are_thin(jit_env, params) -> None:
 @requires_nvcc
 def test_plan_variants_build_load_and_match_layouts(jit_env) -> None:
     from flashcompress.cuda_ops import plans as plan_builder
-    from flashcompress.jit import VariantKey, acquire, engine
+    from flashcompress.jit import VariantKey, make_key, acquire, engine
 
     for params in EXPECTED_VARIANTS:
-        key = VariantKey.make("plan", **params)
+        key = make_key("plan", **params)
         assert key.target == "cuda:9.0a"
         first = acquire(key)
         assert first.status in ("built", "hit", "waited"), first
@@ -155,11 +155,11 @@ def own_warnings(output: str, include_dir: Path) -> list[str]:
 @requires_nvcc
 @pytest.mark.parametrize("params", EXPECTED_VARIANTS, ids=lambda p: f"r{p['ratio']}_online{int(p['online'])}")
 def test_variant_tus_compile_without_warnings(jit_env, tmp_path: Path, params) -> None:
-    from flashcompress.jit import VariantKey, build, get_family
+    from flashcompress.jit import VariantKey, make_key, build, get_family
     from flashcompress.jit.render import kernel_include_dir, render_sources
     from flashcompress.jit.toolchain import get_toolchain, tvm_ffi_info
 
-    key = VariantKey.make("plan", target="cuda:9.0a", **params)
+    key = make_key("plan", target="cuda:9.0a", **params)
     fam = get_family("plan")
     sources = render_sources(key, fam)
     for name, text in sources.items():

@@ -142,7 +142,7 @@ def _isatty(out: TextIO) -> bool:
 
 def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
     from .jit import errors
-    from .jit.cache import jobs_for
+    from .jit.cache import jobs
     from .jit.prewarm import run_prewarm, variant_set, warm_launch
     from .jit.settings import get_settings
 
@@ -150,8 +150,7 @@ def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
         print("flashcompress prewarm: give variant specs, --model or --all (see --help)", file=sys.stderr)
         return 2
     try:
-        keys = variant_set(args.specs, models=args.model or (), all_variants=args.all, archs=args.arch,
-                           imports=args.imports or ())
+        keys = variant_set(args.specs, models=args.model or (), all_variants=args.all, archs=args.arch)
     except (ValueError, errors.UnknownFamily, ImportError) as exc:
         print(f"flashcompress prewarm: {exc}", file=sys.stderr)
         return 2
@@ -174,14 +173,14 @@ def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{len(keys)} variant(s); nothing compiled (dry run)", file=out)
         return 0
 
-    jobs, note = jobs_for(args.jobs, get_settings())
+    n_jobs, note = jobs(args.jobs)
     if note:
         print(f"note: {note}", file=out)
-    print(f"prewarming {len(keys)} variant(s) with {jobs} job(s) into {get_settings().cache_dir}", file=out)
+    print(f"prewarming {len(keys)} variant(s) with {n_jobs} job(s) into {get_settings().cache_dir}", file=out)
     progress = Progress(len(keys), out)
     started = time.perf_counter()
     try:
-        results = run_prewarm(keys, jobs=jobs, force=args.force, progress=progress.finished,
+        results = run_prewarm(keys, jobs=n_jobs, force=args.force, progress=progress.finished,
                               started=progress.started)
     finally:
         progress.close()
@@ -225,8 +224,6 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
     from .jit.maintenance import classify, clean, verify
     from .jit.settings import get_settings
 
-    for module in args.imports or ():
-        __import__(module)
     settings = get_settings()
     root = settings.cache_dir
     if args.action == "info":
@@ -345,16 +342,12 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--dry-run", action="store_true", help="print the set with cache status; compile nothing")
     pre.add_argument("--force", action="store_true", help="rebuild even if cached")
     pre.add_argument("--no-warmup", action="store_true", help="skip the warm launch on the GPU")
-    pre.add_argument("--import", dest="imports", action="append", metavar="MODULE",
-                     help="import MODULE first (families defined outside flashcompress.cuda_ops)")
     pre.set_defaults(func=_cmd_prewarm)
 
     cache = sub.add_parser("cache", help="inspect or clean the kernel cache")
     cache.add_argument("action", choices=("info", "list", "verify", "clean"))
     cache.add_argument("--stale", action="store_true", help="clean: only stale/other-version/failed/debris")
     cache.add_argument("--delete-bad", action="store_true", help="verify: remove entries that fail")
-    cache.add_argument("--import", dest="imports", action="append", metavar="MODULE",
-                       help="import MODULE first so its families can be classified")
     cache.set_defaults(func=_cmd_cache)
 
     config = sub.add_parser("config", help="show effective settings")

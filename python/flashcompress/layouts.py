@@ -105,8 +105,6 @@ INVALID_WRITE_ROW: Final = bytes.fromhex("ffffffffffffffff")
 # ragged ids are u16 in CompressPlan and batch ids are packed into the upper
 # 16 bits of a stage-0 WritePlan, so both must stay below this bound.
 MAX_RAGGED_ID: Final = 65536
-# The GPU stage-0 prefill planner runs one block of this many threads.
-GPU_STAGE0_MAX_BATCH: Final = 1024
 
 # --------------------------------------------------------------------------
 # Model constants

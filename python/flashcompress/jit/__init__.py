@@ -3,9 +3,10 @@
 Public API::
 
     Family, register_family, get_family        declare / look up a kernel family
-    VariantKey                                 family + params + target; names the module
+    make_key(family, target=None, **params)    get_family(family).key(target, **params): validated once
+    VariantKey                                 the plain key value: family + params + target; names the module
     load(key) -> tvm_ffi.Module                memo -> cache hit (no lock, no compiler) -> locked build
-    get_module(family, **params)               load(VariantKey.make(family, **params)), memoised
+    get_module(family, **params)               load(make_key(family, **params)), memoised
     jit_enabled_for(device), debug_checks_enabled()   hot-path switches for the API layer
     get_settings(), reload_settings()          effective settings (README: Settings)
     JitError, BuildError, OfflineCacheMiss, ToolchainMissing, CacheNotWritable, CaptureBuildError,
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import (BuildError, CacheCorruptionWarning, CacheNotWritable, CaptureBuildError, JitError, LockTimeout,
                      OfflineCacheMiss, ToolchainMissing, UnknownFamily)
-from .family import Family, get_family, register_family
+from .family import Family, get_family, make_key, register_family
 from .models import MODELS, ModelConfig, model_config
 from .settings import debug_checks_enabled, get_settings, jit_enabled_for, reload_settings
 from .variant import VariantKey, detect_target
@@ -30,34 +31,11 @@ from .variant import VariantKey, detect_target
 if TYPE_CHECKING:  # pragma: no cover
     from .engine import Acquired, acquire, clear_memo, get_module, load
 
-__all__ = [
-    "Acquired",
-    "BuildError",
-    "CacheCorruptionWarning",
-    "CacheNotWritable",
-    "CaptureBuildError",
-    "Family",
-    "JitError",
-    "LockTimeout",
-    "MODELS",
-    "ModelConfig",
-    "OfflineCacheMiss",
-    "ToolchainMissing",
-    "UnknownFamily",
-    "VariantKey",
-    "acquire",
-    "clear_memo",
-    "debug_checks_enabled",
-    "detect_target",
-    "get_family",
-    "get_module",
-    "get_settings",
-    "jit_enabled_for",
-    "load",
-    "model_config",
-    "register_family",
-    "reload_settings",
-]
+__all__ = ["Acquired", "BuildError", "CacheCorruptionWarning", "CacheNotWritable", "CaptureBuildError", "Family",
+           "JitError", "LockTimeout", "MODELS", "ModelConfig", "OfflineCacheMiss", "ToolchainMissing",
+           "UnknownFamily", "VariantKey", "acquire", "clear_memo", "debug_checks_enabled", "detect_target",
+           "get_family", "get_module", "get_settings", "jit_enabled_for", "load", "make_key", "model_config",
+           "register_family", "reload_settings"]
 
 _ENGINE_NAMES = frozenset({"Acquired", "acquire", "clear_memo", "get_module", "load"})
 

@@ -30,29 +30,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from . import flags as _flags
-from .flags import BASE_CUDA_FLAGS, BASE_CXX_FLAGS, BASE_HIP_FLAGS, BASE_LD_FLAGS, logical_flags, target_flags
 from .toolchain import Toolchain, TvmFfiInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from .family import Family
     from .variant import VariantKey
 
-__all__ = [
-    "BASE_CUDA_FLAGS",
-    "BASE_CXX_FLAGS",
-    "BASE_HIP_FLAGS",
-    "BASE_LD_FLAGS",
-    "Step",
-    "StepFailed",
-    "build_counter",
-    "first_error_lines",
-    "logical_flags",
-    "parallelism",
-    "plan_steps",
-    "run_steps",
-    "set_parallelism",
-    "target_flags",
-]
+__all__ = ["Step", "StepFailed", "build_counter", "first_error_lines", "parallelism", "plan_steps", "run_steps",
+           "set_parallelism"]
 
 _KERNEL_SUFFIXES = (".cu",)
 _HOST_SUFFIXES = (".cpp", ".cc", ".cxx")
@@ -135,9 +120,9 @@ def set_parallelism(jobs: int) -> None:
 def parallelism() -> int:
     """The current compiler-process limit (set from the ``jobs`` setting on first build)."""
     if _SLOTS is None:
-        from .cache import default_jobs
+        from .cache import jobs
 
-        set_parallelism(default_jobs())
+        set_parallelism(jobs()[0])
     return _SLOT_COUNT
 
 

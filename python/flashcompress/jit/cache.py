@@ -1,33 +1,26 @@
-"""The on-disk cache: layout, content keys, manifests, scanning, eviction.
+"""The on-disk cache: layout, digests, manifests, scanning, the size cap, ``jobs()``.
 
 Layout (``<root>`` = the ``cache_dir`` setting)::
 
     <root>/CACHEDIR.TAG                        marks the tree as a cache (backup tools skip it; `clean` requires it)
     <root>/.toolchain/<id>.txt                 memoised `--version` outputs (see toolchain.py)
-    <root>/<pkg-version>/<target-tag>/<module_name>/
-        <key>/                                 a published entry (complete or absent: renamed into place)
-            <module_name>.so  kernel.cu  binding.cpp  variant.json  build.log
-            <module_name>.so.verified          sidecar: the (inode, size, mtime, ctime) whose sha256 was checked
-        current-<input-digest>                 pointer: names the <key> last published for these inputs
-        <key>.lock                             per-variant build lock (builders only; never deleted while in use)
-        .staging-<key>-<rand>/                 a build in progress (or killed: swept by the next builder)
-        <key>.failed/                          sources + build.log of the last failed build of <key>
+    <root>/<pkg-version>/<target-tag>/<module_name>/<input digest>/
+        <toolchain digest>/                    a published entry (complete or absent: renamed into place)
+            <module_name>.so  kernel.cu  binding.cpp  variant.json  build.log  build.sh
+        <toolchain digest>.lock                per-variant build lock (builders only)
+        .staging-<toolchain digest>-<rand>/    a build in progress (or killed: swept by the next builder)
+        <toolchain digest>.failed/             sources + build.log of the last failed build
         .trash-<rand>/                         an entry being removed
 
-The key is a sha256 prefix over the rendering inputs (family template files and
-what they include, parameters, target), the content of the headers under
-``jit_kernel/`` those sources include (``render.headers_digest``), all flags, the
-device and host compiler ``--version`` outputs, the tvm-ffi version, the package
-version and the engine's recipe version.  No absolute path and no mtime enters
-it.  Version and target appear in the path for humans and ``du``; the key alone
-decides.
-
-The *input digest* covers the same inputs except the compiler versions.  Each
-publish writes ``current-<input-digest>`` naming the key just built, so a machine
-that cannot probe the compilers (a runtime image without the CUDA toolkit), or an
-offline process whose compilers differ from the build machine's, can still find
-the entry built for exactly these sources, flags and target; the engine then checks
-the entry's manifest against the inputs before loading it.
+The *input digest* hashes everything that shapes the binary except the
+compilers: the family's sources, exports and parameters, the target, every file
+under ``templates/`` and ``jit_kernel/`` (an edit anywhere rebuilds every
+variant), all flags, the tvm-ffi version, the package version and the engine
+recipe.  The *toolchain digest* hashes the device and host compiler
+``--version`` outputs.  No absolute path and no mtime enters either.  A machine
+that cannot probe the compilers (a runtime image without the CUDA toolkit), or
+an offline process whose compilers differ from the builder's, loads any entry
+under its input digest.
 """
 
 from __future__ import annotations
@@ -36,314 +29,152 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Iterator
 
-from .settings import Settings
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .family import Family
-    from .toolchain import Toolchain
-    from .variant import VariantKey
-
-__all__ = [
-    "CACHEDIR_TAG",
-    "ENGINE_RECIPE",
-    "Layout",
-    "POINTER_PREFIX",
-    "available_memory_bytes",
-    "compute_key",
-    "content_key",
-    "default_jobs",
-    "ensure_root",
-    "file_identity",
-    "file_sha256",
-    "input_digest",
-    "jobs_for",
-    "key_inputs",
-    "memory_job_cap",
-    "package_version",
-    "pointer_path",
-    "read_manifest",
-    "read_pointer",
-    "remove_tree",
-    "touch",
-    "write_atomic",
-]
+__all__ = ["CACHEDIR_TAG", "Entry", "Layout", "digest", "enforce_size_cap", "ensure_root", "file_sha256", "jobs",
+           "package_version", "read_manifest", "remove_tree", "scan", "touch", "write_atomic"]
 
 # Bump when the build procedure changes in a way the hashed inputs do not capture.
-# 2: header closure instead of the whole jit_kernel/ tree; input-digest pointers; .so sidecars.
-ENGINE_RECIPE = 2
-KEY_LENGTH = 20
+# 3: two-level entries <input digest>/<toolchain digest>; all of templates/ and jit_kernel/ hashed.
+ENGINE_RECIPE = 3
+DIGEST_LENGTH = 16
 CACHEDIR_TAG = "CACHEDIR.TAG"
 _TAG_TEXT = ("Signature: 8a477f597d28d172789f06886806bc55\n"
              "# This file is a cache directory tag created by flashcompress (JIT kernel cache).\n"
              "# For information about cache directory tags see https://bford.info/cachedir/\n")
-
-_PACKAGE_VERSION: str | None = None
+STALE_STAGING_SECONDS = 3600.0
+GIB = 1024 ** 3
+BYTES_PER_JOB = 2 * GIB  # peak resident memory of one nvcc / g++ process on a plan-builder TU, rounded up
 
 
 def package_version() -> str:
-    """flashcompress's version (``flashcompress.__version__``, else the installed metadata)."""
-    global _PACKAGE_VERSION
-    if _PACKAGE_VERSION is None:
-        try:
-            import flashcompress
+    """flashcompress's version."""
+    import flashcompress
 
-            _PACKAGE_VERSION = str(flashcompress.__version__)
-        except (ImportError, AttributeError):
-            from importlib import metadata
-
-            try:
-                _PACKAGE_VERSION = metadata.version("flashcompress")
-            except metadata.PackageNotFoundError:
-                _PACKAGE_VERSION = "0+unknown"
-    return _PACKAGE_VERSION
+    return str(flashcompress.__version__)
 
 
-GIB = 1024 ** 3
-BYTES_PER_JOB = 2 * GIB  # peak resident memory of one nvcc / g++ process on a plan-builder TU, rounded up
+def digest(inputs: Any) -> str:
+    """sha256 prefix of a JSON-able value."""
+    blob = json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:DIGEST_LENGTH]
 
 
 def available_memory_bytes() -> int | None:
     """``MemAvailable`` from ``/proc/meminfo`` (None when unknown)."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
 
 
-def memory_job_cap() -> int | None:
-    """How many compiler processes fit in the available memory (~2 GiB each; at least 1), None if unknown."""
-    available = available_memory_bytes()
-    return None if available is None else max(1, available // BYTES_PER_JOB)
+def jobs(requested: int = 0) -> tuple[int, str | None]:
+    """Parallel compiler processes, and a note when available memory capped them.
 
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
-
-
-def jobs_for(requested: int, settings: Settings | None = None) -> tuple[int, str | None]:
-    """The number of parallel compiler processes, and a note when memory capped it.
-
-    ``requested`` > 0 (``prewarm -j N``) is honoured up to the memory cap (it may exceed
-    the core count); 0 falls back to the ``jobs`` setting, capped by cores and memory
-    (``default_jobs``).  The note says what was asked for and why it was lowered.
+    ``requested`` > 0 (``prewarm -j N``) is honoured up to the memory cap (~2 GiB per compiler);
+    0 uses the ``jobs`` setting (0: the cores), capped by cores and memory.
     """
-    if requested <= 0:
-        if settings is None:
-            from .settings import get_settings
+    from .settings import get_settings
 
-            settings = get_settings()
-        jobs = default_jobs(settings)
-        asked = settings.jobs
-        if asked and jobs < min(asked, _cores()):
-            return jobs, (f"jobs = {asked} (setting) capped to {jobs} by available memory "
-                          f"({_gib(available_memory_bytes())} available, ~2 GiB per compiler process)")
-        return jobs, None
-    cap = memory_job_cap()
-    if cap is not None and requested > cap:
-        return cap, (f"-j {requested} capped to {cap} by available memory "
-                     f"({_gib(available_memory_bytes())} available, ~2 GiB per compiler process)")
-    return requested, None
-
-
-def _gib(n: int | None) -> str:
-    return "unknown" if n is None else f"{n / GIB:.1f} GiB"
-
-
-def default_jobs(settings: Settings | None = None) -> int:
-    """``jobs`` setting (0 = cores), capped by cores and available memory / 2 GiB, at least 1."""
-    if settings is None:
-        from .settings import get_settings
-
-        settings = get_settings()
-    cores = _cores()
-    cap = cores
-    memory_cap = memory_job_cap()
-    if memory_cap is not None:
-        cap = min(cap, memory_cap)
-    wanted = settings.jobs or cores
-    return max(1, min(wanted, cap))
-
-
-def key_inputs(
-    key: "VariantKey",
-    family: "Family",
-    tvm_ffi_version: str,
-    flags: dict[str, list[str]],
-    template_digest: str,
-    headers_digest: str,
-) -> dict[str, Any]:
-    """Everything the content key hashes except the compiler versions (JSON-able)."""
-    return {
-        "recipe": ENGINE_RECIPE,
-        "package": package_version(),
-        "family": family.name,
-        "sources": [list(pair) for pair in family.sources],
-        "exports": list(family.exports),
-        "params": [[name, value] for name, value in key.params],
-        "target": key.target,
-        "templates": template_digest,
-        "headers": headers_digest,
-        "flags": flags,
-        "tvm_ffi": tvm_ffi_version,
-    }
-
-
-def _digest(inputs: dict[str, Any]) -> str:
-    blob = json.dumps(inputs, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()[:KEY_LENGTH]
-
-
-def input_digest(inputs: dict[str, Any]) -> str:
-    """Digest of ``inputs`` without the compiler versions (names the ``current-*`` pointer)."""
-    return _digest({k: v for k, v in inputs.items() if k != "toolchain"})
-
-
-def content_key(inputs: dict[str, Any], toolchain_fingerprint: dict[str, str]) -> tuple[str, dict[str, Any]]:
-    """The content key of ``key_inputs`` plus the compiler fingerprint, and the full inputs."""
-    full = dict(inputs, toolchain=toolchain_fingerprint)
-    return _digest(full), full
-
-
-def compute_key(
-    key: "VariantKey",
-    family: "Family",
-    toolchain: "Toolchain",
-    tvm_ffi_version: str,
-    flags: dict[str, list[str]],
-    template_digest: str,
-    headers_digest: str,
-) -> tuple[str, dict[str, Any]]:
-    """The content key of ``key`` and the JSON-able inputs it was computed from."""
-    return content_key(key_inputs(key, family, tvm_ffi_version, flags, template_digest, headers_digest),
-                       toolchain.fingerprint())
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        cores = os.cpu_count() or 1
+    available = available_memory_bytes()
+    memory_cap = None if available is None else max(1, available // BYTES_PER_JOB)
+    asked, what = (requested, f"-j {requested}") if requested > 0 else (get_settings().jobs, None)
+    wanted = asked if requested > 0 else min(asked or cores, cores)
+    result = max(1, min(wanted, memory_cap or wanted))
+    if asked and result < min(asked, wanted):
+        gib = "unknown" if available is None else f"{available / GIB:.1f} GiB"
+        return result, (f"{what or f'jobs = {asked} (setting)'} capped to {result} by available memory "
+                        f"({gib} available, ~2 GiB per compiler process)")
+    return result, None
 
 
 @dataclass(frozen=True)
 class Layout:
-    """Paths of one variant in the cache."""
+    """Paths of one variant entry in the cache."""
 
     root: Path
-    version_dir: Path
-    module_dir: Path
-    leaf: Path
     module_name: str
-    key: str
+    input_dir: Path  # <root>/<version>/<tag>/<module>/<input digest>
+    toolchain_digest: str
 
-    @staticmethod
-    def module_dir_of(root: Path, variant: "VariantKey") -> Path:
-        """The directory holding every entry of ``variant`` under ``root``."""
-        from .variant import target_tag
+    @property
+    def module_dir(self) -> Path:
+        return self.input_dir.parent
 
-        return root / package_version() / target_tag(variant.target) / variant.module_name
+    @property
+    def leaf(self) -> Path:
+        """The published entry directory."""
+        return self.input_dir / self.toolchain_digest
 
-    @staticmethod
-    def of(root: Path, variant: "VariantKey", content_key: str) -> "Layout":
-        """Where ``variant`` with content key ``content_key`` lives under ``root``."""
-        module_dir = Layout.module_dir_of(root, variant)
-        return Layout(root, module_dir.parent.parent, module_dir, module_dir / content_key, variant.module_name,
-                      content_key)
+    @property
+    def key(self) -> str:
+        """``<input digest>/<toolchain digest>``: names the entry."""
+        return f"{self.input_dir.name}/{self.toolchain_digest}"
 
     @property
     def library(self) -> Path:
-        """The published shared library."""
         return self.leaf / f"{self.module_name}.so"
 
     @property
-    def sidecar(self) -> Path:
-        """Records the file identity whose sha256 was last checked (``<module>.so.verified``)."""
-        return self.leaf / f"{self.module_name}.so.verified"
-
-    @property
     def manifest(self) -> Path:
-        """The published ``variant.json``."""
         return self.leaf / "variant.json"
 
     @property
     def lock(self) -> Path:
-        """The per-variant build lock."""
-        return self.module_dir / f"{self.key}.lock"
+        return self.input_dir / f"{self.toolchain_digest}.lock"
 
     @property
     def failed_dir(self) -> Path:
-        """Where the last failed build of this key is kept."""
-        return self.module_dir / f"{self.key}.failed"
+        return self.input_dir / f"{self.toolchain_digest}.failed"
 
     def new_staging(self) -> Path:
         """A fresh private staging directory name (not created)."""
-        return self.module_dir / f".staging-{self.key}-{os.urandom(6).hex()}"
+        return self.input_dir / f".staging-{self.toolchain_digest}-{os.urandom(6).hex()}"
 
     def stale_stagings(self) -> list[Path]:
-        """Staging directories of this key (left by killed builds; call under the lock)."""
-        return sorted(self.module_dir.glob(f".staging-{self.key}-*"))
-
-
-POINTER_PREFIX = "current-"
-
-
-def pointer_path(module_dir: Path, digest: str) -> Path:
-    """``<module_dir>/current-<input digest>``: names the key last published for those inputs."""
-    return module_dir / f"{POINTER_PREFIX}{digest}"
-
-
-def read_pointer(path: Path) -> str | None:
-    """The key a pointer names, or None (absent, unreadable or malformed)."""
-    try:
-        text = path.read_text(encoding="ascii").strip()
-    except (OSError, ValueError):
-        return None
-    return text if len(text) == KEY_LENGTH and all(c in "0123456789abcdef" for c in text) else None
+        """Staging directories of this entry (left by killed builds; call under the lock)."""
+        return sorted(self.input_dir.glob(f".staging-{self.toolchain_digest}-*"))
 
 
 def write_atomic(path: Path, text: str) -> bool:
-    """Write ``text`` to ``path`` through a unique temporary file and a rename; False on failure
-    (read-only cache)."""
+    """Write ``text`` through a unique temporary file and a rename; False on failure (read-only cache)."""
     tmp = path.with_name(f".{path.name}.{os.urandom(6).hex()}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     except OSError:
         try:
-            tmp.unlink()
+            tmp.unlink(missing_ok=True)
         except OSError:
             pass
         return False
     return True
 
 
-def file_identity(st: os.stat_result) -> dict[str, int]:
-    """What a ``.verified`` sidecar records about a library: a rewrite in place changes mtime and ctime
-    (ctime cannot be set back), a replacement changes the inode."""
-    return {"ino": st.st_ino, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns}
-
-
 def ensure_root(root: Path) -> None:
     """Create ``root`` with its ``CACHEDIR.TAG`` (raises ``OSError`` when not writable)."""
     root.mkdir(parents=True, exist_ok=True)
-    tag = root / CACHEDIR_TAG
-    if not tag.exists():
+    if not (root / CACHEDIR_TAG).exists():
         tmp = root / f".{CACHEDIR_TAG}.{os.urandom(8).hex()}.tmp"  # unique per thread and process
         tmp.write_text(_TAG_TEXT, encoding="ascii")
-        os.replace(tmp, tag)
+        os.replace(tmp, root / CACHEDIR_TAG)
 
 
 def file_sha256(path: Path) -> str:
     """Hex sha256 of a file's content."""
-    digest = hashlib.sha256()
+    h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def read_manifest(leaf: Path) -> dict[str, Any] | None:
@@ -374,3 +205,103 @@ def touch(path: Path) -> None:
         os.utime(path)
     except OSError:
         pass
+
+
+# --------------------------------------------------------------------------- scanning and the size cap
+
+
+@dataclass(frozen=True)
+class Entry:
+    """Something found under the cache root."""
+
+    kind: str  # "entry" | "staging" | "failed" | "trash" | "lock"
+    path: Path
+    version: str
+    target_tag: str
+    module_name: str
+    key: str  # "<input digest>/<toolchain digest>" ("" for trash)
+    size: int
+    mtime: float
+    manifest: dict[str, Any] | None
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for dirpath, _, filenames in os.walk(path):
+        for name in filenames:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _kind(child: Path) -> tuple[str, str] | None:
+    name = child.name
+    if name.endswith(".lock"):
+        return "lock", name[:-5]
+    if not child.is_dir():
+        return None
+    if name.startswith(".staging-"):
+        return "staging", name[9:].rsplit("-", 1)[0]
+    if name.startswith(".trash-"):
+        return "trash", ""
+    if name.endswith(".failed"):
+        return "failed", name[:-7]
+    return "entry", name
+
+
+def scan(root: Path, *, sizes: bool = True) -> Iterator[Entry]:
+    """Every entry, staging/failed/trash directory and lock under ``root``."""
+    def dirs(path: Path) -> list[Path]:
+        return sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    if not root.is_dir():
+        return
+    for version_dir in dirs(root):
+        for tag_dir in dirs(version_dir):
+            for module_dir in dirs(tag_dir):
+                for parent in [module_dir, *dirs(module_dir)]:  # trash may sit at either level
+                    for child in sorted(parent.iterdir()):
+                        found = _kind(child)
+                        if found is None or (parent is module_dir and found[0] not in ("trash",)):
+                            continue
+                        kind, tc = found
+                        try:
+                            mtime = child.stat().st_mtime
+                            size = (_tree_size(child) if child.is_dir() else child.stat().st_size) if sizes else 0
+                        except OSError:
+                            continue
+                        yield Entry(kind, child, version_dir.name, tag_dir.name, module_dir.name,
+                                    f"{parent.name}/{tc}" if tc else "", size, mtime,
+                                    read_manifest(child) if kind == "entry" else None)
+
+
+def enforce_size_cap(root: Path, cap_bytes: int, keep: Path | None = None) -> list[Path]:
+    """Evict until the cache is under ``cap_bytes``: debris, other versions, then LRU entries.
+
+    Returns the removed paths.  ``keep`` (the entry just built) is never removed.
+    """
+    if cap_bytes <= 0:
+        return []
+    items = [e for e in scan(root) if e.kind != "lock"]
+    total = sum(e.size for e in items)
+    now, version = time.time(), package_version()
+
+    def rank(e: Entry) -> tuple[int, float]:
+        if e.kind in ("trash", "failed") or (e.kind == "staging" and now - e.mtime > STALE_STAGING_SECONDS):
+            return (0, e.mtime)
+        if e.kind == "entry":
+            return (1 if e.version != version else 2, e.mtime)
+        return (9, e.mtime)  # a live staging dir
+
+    removed = []
+    for entry in sorted(items, key=rank):
+        if total <= cap_bytes:
+            break
+        if rank(entry)[0] == 9 or entry.path == keep:
+            continue
+        remove_tree(entry.path)
+        removed.append(entry.path)
+        total -= entry.size
+    return removed

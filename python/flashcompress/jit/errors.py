@@ -10,17 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-__all__ = [
-    "BuildError",
-    "CacheCorruptionWarning",
-    "CacheNotWritable",
-    "CaptureBuildError",
-    "JitError",
-    "LockTimeout",
-    "OfflineCacheMiss",
-    "ToolchainMissing",
-    "UnknownFamily",
-]
+__all__ = ["BuildError", "CacheCorruptionWarning", "CacheNotWritable", "CaptureBuildError", "JitError",
+           "LockTimeout", "OfflineCacheMiss", "ToolchainMissing", "UnknownFamily"]
 
 
 class JitError(RuntimeError):

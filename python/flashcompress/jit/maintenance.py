@@ -1,21 +1,21 @@
 """Cache maintenance behind ``flashcompress cache info|list|verify|clean``.
 
-Classification of what ``scan`` (below) finds under the cache root:
+Classification of what ``cache.scan`` finds under the cache root:
 
-  current        an entry whose content key is what this installation would build today
+  current        an entry this installation loads today (its input digest is current and,
+                 where the compilers can be probed, so is its toolchain digest)
   stale          an entry of this package version that is no longer current (a header,
                  template, flag or compiler changed), or whose params the family now rejects
   other-version  an entry built by another flashcompress version
-  unknown        an entry of this version whose family is not registered, or (no compiler to
-                 compute the full key) that the variant's current-* pointer does not name
+  unknown        an entry of this version whose family is not registered
   failed         the kept sources and log of a failed build
-  staging        a build in progress, or debris of a killed one (older than an hour)
+  staging        debris of a killed build (older than an hour); ``building``: younger
   trash          a removal interrupted half-way
 
 ``clean --stale`` removes stale, other-version, failed, trash and old staging
-directories (never current or unknown entries) and ``current-*`` pointers whose
-entry is gone; ``clean`` removes everything below a root that carries
-flashcompress's ``CACHEDIR.TAG``.
+directories (never current or unknown entries); ``clean`` removes everything
+below a root that carries flashcompress's ``CACHEDIR.TAG``.  Imports the engine
+(never the reverse).
 """
 
 from __future__ import annotations
@@ -25,13 +25,17 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
 
-from .cache import CACHEDIR_TAG, POINTER_PREFIX, package_version, read_manifest, read_pointer, remove_tree
+from .cache import CACHEDIR_TAG, STALE_STAGING_SECONDS, Entry, file_sha256, package_version, read_manifest, \
+    remove_tree, scan
+from .engine import resolve
+from .errors import UnknownFamily
+from .family import get_family
+from .variant import VariantKey
 
-__all__ = ["Classified", "Entry", "classify", "clean", "describe_manifest", "enforce_size_cap", "scan", "verify"]
+__all__ = ["Classified", "classify", "clean", "verify", "verify_entry"]
 
-STALE_STAGING_SECONDS = 3600.0
+REMOVABLE_WHEN_STALE = frozenset({"stale", "other-version", "failed", "staging", "trash"})
 
 
 @dataclass(frozen=True)
@@ -40,79 +44,63 @@ class Classified:
 
     entry: Entry
     status: str
-    variant: str  # human description (from the manifest) or the module name
+    variant: str  # ``family(k=v, ...) @ target`` (from the manifest) or the module name
 
 
-def describe_manifest(entry: Entry) -> str:
-    """``family(k=v, ...) @ target`` from an entry's manifest, else its module name.
-
-    Parameters come in the family's declared order, as ``prewarm`` prints them
-    (``plan(ratio=4, online=False)``), when the family can be found; else sorted by name.
-    """
-    manifest = entry.manifest
+def _variant(manifest: dict | None) -> tuple[VariantKey | None, str, bool]:
+    """``(key or None, description, rejected)`` of an entry's manifest; ``rejected`` when the family
+    rejects its params now.  Params come in the family's declared order, as ``prewarm`` prints them."""
     if not manifest:
-        return entry.module_name
-    from .errors import UnknownFamily
-    from .family import get_family
-    from .variant import VariantKey
-
-    name = str(manifest.get("family", "?"))
-    params = manifest.get("params", {})
-    params = params if isinstance(params, dict) else {}
+        return None, "", False
+    name, target = str(manifest.get("family", "?")), str(manifest.get("target", "?"))
+    params = manifest.get("params") if isinstance(manifest.get("params"), dict) else {}
+    raw = VariantKey(name, tuple(sorted(params.items())), target)
     try:
-        get_family(name)  # registers it (imports its module), so describe() knows the declared order
-    except (UnknownFamily, ValueError, ImportError):
-        pass
-    return VariantKey(name, tuple(sorted(params.items())), str(manifest.get("target", "?"))).describe()
-
-
-def _current_key(manifest: dict) -> str | None:
-    """The content key this installation computes for the manifest's variant; None if unknown."""
-    from .engine import resolve
-    from .errors import UnknownFamily
-    from .variant import VariantKey
-
-    try:
-        key = VariantKey(manifest["family"], tuple(sorted(manifest["params"].items())), manifest["target"])
-        res = resolve(key)
-    except (KeyError, UnknownFamily, FileNotFoundError, RuntimeError):
-        return None
+        key = get_family(name).key(target, **params)
+    except (UnknownFamily, ImportError):
+        return None, raw.describe(), False
     except ValueError:
-        return ""  # the family rejects these params now: stale
-    if res.toolchain is None:
-        # No compiler, so no full key: the entry the pointer names is current; others are unknown.
-        return res.layout.key if res.layout is not None and res.layout.key == manifest.get("key") else None
-    return res.layout.key if res.layout is not None else None
+        return raw, raw.describe(), True
+    return key, key.describe(), False
+
+
+def _status(entry: Entry, check_current: bool) -> str:
+    if entry.version != package_version():
+        return "other-version"
+    if entry.manifest is None:
+        return "stale"  # no manifest: never loadable
+    key, _, rejected = _variant(entry.manifest)
+    if not check_current:
+        return "current"
+    if key is None:
+        return "unknown"
+    if rejected:
+        return "stale"
+    try:
+        res = resolve(key)
+    except (UnknownFamily, FileNotFoundError, RuntimeError):
+        return "unknown"
+    if entry.path.parent != res.input_dir:
+        return "stale"
+    return "current" if res.layout is None or res.layout.leaf == entry.path else "stale"
 
 
 def classify(root: Path, *, check_current: bool = True) -> list[Classified]:
     """Scan ``root`` and classify every item (locks excluded)."""
     now = time.time()
-    version = package_version()
-    out: list[Classified] = []
+    out = []
     for entry in scan(root):
         if entry.kind == "lock":
             continue
-        variant = describe_manifest(entry)
+        variant = _variant(entry.manifest)[1] or entry.module_name
         if entry.kind == "entry":
-            if entry.version != version:
-                status = "other-version"
-            elif entry.manifest is None:
-                status = "stale"  # no manifest: never loadable
-            elif not check_current:
-                status = "current"
-            else:
-                current = _current_key(entry.manifest)
-                status = "unknown" if current is None else ("current" if current == entry.key else "stale")
+            status = _status(entry, check_current)
         elif entry.kind == "staging":
             status = "staging" if now - entry.mtime > STALE_STAGING_SECONDS else "building"
         else:
             status = entry.kind
         out.append(Classified(entry, status, variant))
     return out
-
-
-REMOVABLE_WHEN_STALE = frozenset({"stale", "other-version", "failed", "staging", "trash"})
 
 
 def clean(root: Path, *, stale_only: bool) -> tuple[list[Path], int]:
@@ -125,25 +113,25 @@ def clean(root: Path, *, stale_only: bool) -> tuple[list[Path], int]:
     removed: list[Path] = []
     freed = 0
     if stale_only:
-        stale_keys: set[tuple[Path, str]] = set()
         for item in classify(root):
             if item.status in REMOVABLE_WHEN_STALE:
                 remove_tree(item.entry.path)
                 removed.append(item.entry.path)
                 freed += item.entry.size
                 if item.status in ("stale", "other-version"):
-                    stale_keys.add((item.entry.path.parent, item.entry.key))
-        for entry in scan(root, sizes=False):
-            if entry.kind == "lock" and (entry.path.parent, entry.key) in stale_keys:
-                entry.path.unlink(missing_ok=True)
-        _prune_pointers(root)  # bookkeeping files, not counted as items
+                    item.entry.path.with_name(item.entry.path.name + ".lock").unlink(missing_ok=True)
         for version_dir in [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]:
-            _prune_empty(version_dir)
+            for dirpath, _, _ in sorted(os.walk(version_dir), key=lambda item: -len(item[0])):
+                try:
+                    os.rmdir(dirpath)  # only succeeds when empty
+                except OSError:
+                    pass
         return removed, freed
     for child in sorted(root.iterdir()):
         if child.name == CACHEDIR_TAG:
             continue
-        size = sum(e.stat().st_size for e in child.rglob("*") if e.is_file()) if child.is_dir() else child.stat().st_size
+        size = (sum(e.stat().st_size for e in child.rglob("*") if e.is_file()) if child.is_dir()
+                else child.stat().st_size)
         if child.is_dir():
             shutil.rmtree(child, ignore_errors=True)
         else:
@@ -153,131 +141,31 @@ def clean(root: Path, *, stale_only: bool) -> tuple[list[Path], int]:
     return removed, freed
 
 
-def _prune_pointers(root: Path) -> list[Path]:
-    """Remove ``current-*`` pointers whose entry no longer exists."""
-    removed = []
-    for pointer in root.glob(f"*/*/*/{POINTER_PREFIX}*"):
-        key = read_pointer(pointer)
-        if key is None or not (pointer.parent / key).is_dir():
-            pointer.unlink(missing_ok=True)
-            removed.append(pointer)
-    return removed
+def verify_entry(leaf: Path) -> tuple[bool, str]:
+    """Check a published entry: manifest, size, sha256, dlopen and exports. ``(ok, message)``."""
+    manifest = read_manifest(leaf)
+    if manifest is None:
+        return False, "variant.json missing or unreadable"
+    info = manifest.get("library", {})
+    lib = leaf / info.get("name", "")
+    if not lib.is_file():
+        return False, f"{lib.name} missing"
+    size = lib.stat().st_size
+    if size != info.get("size"):
+        return False, f"{lib.name}: size {size} != manifest {info.get('size')}"
+    if file_sha256(lib) != info.get("sha256"):
+        return False, f"{lib.name}: sha256 mismatch"
+    import tvm_ffi
 
-
-def _prune_empty(directory: Path) -> None:
-    for dirpath, _, _ in sorted(os.walk(directory), key=lambda item: -len(item[0])):
-        try:
-            os.rmdir(dirpath)  # only succeeds when empty
-        except OSError:
-            pass
+    try:
+        module = tvm_ffi.load_module(str(lib))
+    except Exception as exc:  # noqa: BLE001
+        return False, f"load failed: {exc}"
+    missing = [name for name in manifest.get("exports", []) if not module.implements_function(name)]
+    return (False, f"missing exports {missing}") if missing else (True, "ok")
 
 
 def verify(root: Path) -> list[tuple[Classified, bool, str]]:
-    """Load every published entry (all versions): manifest, size, sha256, dlopen, exports."""
-    from .engine import verify_entry
-
-    results = []
-    for item in classify(root, check_current=False):
-        if item.entry.kind != "entry":
-            continue
-        ok, message = verify_entry(item.entry.path)
-        results.append((item, ok, message))
-    return results
-
-
-# --------------------------------------------------------------------------- scanning and the size cap
-
-
-def _tree_size(path: Path) -> int:
-    total = 0
-    for dirpath, _, filenames in os.walk(path):
-        for name in filenames:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except OSError:
-                pass
-    return total
-
-
-@dataclass(frozen=True)
-class Entry:
-    """Something found under the cache root."""
-
-    kind: str  # "entry" | "staging" | "failed" | "trash" | "lock"
-    path: Path
-    version: str
-    target_tag: str
-    module_name: str
-    key: str
-    size: int
-    mtime: float
-    manifest: dict[str, Any] | None
-
-    @property
-    def current_version(self) -> bool:
-        """Built by this package version."""
-        return self.version == package_version()
-
-
-def scan(root: Path, *, sizes: bool = True) -> Iterator[Entry]:
-    """Every entry, staging/failed/trash directory and lock under ``root``."""
-    if not root.is_dir():
-        return
-    for version_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        for tag_dir in sorted(p for p in version_dir.iterdir() if p.is_dir()):
-            for module_dir in sorted(p for p in tag_dir.iterdir() if p.is_dir()):
-                for child in sorted(module_dir.iterdir()):
-                    name = child.name
-                    if name.endswith(".lock") and child.is_file():
-                        kind, key = "lock", name[: -len(".lock")]
-                    elif not child.is_dir():
-                        continue
-                    elif name.startswith(".staging-"):
-                        kind, key = "staging", name[len(".staging-"):].rsplit("-", 1)[0]
-                    elif name.startswith(".trash-"):
-                        kind, key = "trash", ""
-                    elif name.endswith(".failed"):
-                        kind, key = "failed", name[: -len(".failed")]
-                    else:
-                        kind, key = "entry", name
-                    try:
-                        mtime = child.stat().st_mtime
-                    except OSError:
-                        continue
-                    size = (_tree_size(child) if child.is_dir() else child.stat().st_size) if sizes else 0
-                    yield Entry(kind, child, version_dir.name, tag_dir.name, module_dir.name, key, size, mtime,
-                                read_manifest(child) if kind == "entry" else None)
-
-
-def enforce_size_cap(root: Path, cap_bytes: int, keep: Path | None = None) -> list[Path]:
-    """Evict until the cache is under ``cap_bytes``: debris, other versions, then LRU entries.
-
-    Returns the removed paths.  ``keep`` (the entry just built) is never removed.
-    """
-    if cap_bytes <= 0:
-        return []
-    items = [e for e in scan(root) if e.kind != "lock"]
-    total = sum(e.size for e in items)
-    if total <= cap_bytes:
-        return []
-    now = time.time()
-
-    def rank(e: Entry) -> tuple[int, float]:
-        if e.kind in ("trash", "failed") or (e.kind == "staging" and now - e.mtime > 3600):
-            return (0, e.mtime)
-        if e.kind == "entry" and not e.current_version:
-            return (1, e.mtime)
-        if e.kind == "entry":
-            return (2, e.mtime)
-        return (9, e.mtime)  # a live staging dir
-
-    removed = []
-    for entry in sorted(items, key=rank):
-        if total <= cap_bytes:
-            break
-        if rank(entry)[0] == 9 or (keep is not None and entry.path == keep):
-            continue
-        remove_tree(entry.path)
-        removed.append(entry.path)
-        total -= entry.size
-    return removed
+    """Hash and load every published entry (all versions)."""
+    return [(item, *verify_entry(item.entry.path)) for item in classify(root, check_current=False)
+            if item.entry.kind == "entry"]

@@ -25,15 +25,6 @@ class ModelConfig:
     rope_head_dim: int = 64
     page_size: int = 256  # global KV page size in tokens (fixed for DeepSeek-V4)
 
-    def compressed_page_size(self, ratio: int) -> int:
-        """Page size of the compressed pool written at ``ratio`` (c4: 64, c128: 2)."""
-        return self.page_size // ratio
-
-    @property
-    def index_page_size(self) -> int:
-        """Page size of the indexer's key cache (global page // 4 = 64)."""
-        return self.page_size // self.indexer_ratio
-
 
 MODELS: dict[str, ModelConfig] = {
     "deepseek-v4-flash": ModelConfig("deepseek-v4-flash", compress_ratios=(4, 128)),

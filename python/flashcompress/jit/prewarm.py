@@ -12,7 +12,6 @@ prewarms everything a deployment may need.
 
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from .family import discover_families, get_family
+from .family import discover_families, get_family, parse_spec
 from .settings import get_settings
-from .variant import VariantKey, detect_backend, detect_target, normalize_target, parse_spec
+from .variant import VariantKey, detect_backend, detect_target, normalize_target
 
 __all__ = ["PrewarmResult", "prewarm_targets", "run_prewarm", "variant_set", "warm_launch"]
 
@@ -70,14 +69,11 @@ def variant_set(
     models: Sequence[str] = (),
     all_variants: bool = False,
     archs: Sequence[str] | None = None,
-    imports: Sequence[str] = (),
 ) -> list[VariantKey]:
     """The de-duplicated, ordered list of keys selected by specs, model presets and ``--all``.
 
     ``specs`` are ``family[:name=value,...]``; missing params expand over the family's space.
     """
-    for module in imports:
-        importlib.import_module(module)
     targets = prewarm_targets(archs)
     selected: list[tuple[str, dict]] = []
     if all_variants or models:
@@ -96,7 +92,7 @@ def variant_set(
     keys: dict[VariantKey, None] = {}
     for target in targets:
         for name, params in selected:
-            keys[VariantKey.make(name, target=target, **params)] = None
+            keys[get_family(name).key(target, **params)] = None
     return list(keys)
 
 
@@ -146,7 +142,8 @@ def run_prewarm(
 
 
 def warm_launch(results: Sequence[PrewarmResult]) -> int:
-    """Launch each built variant of the current GPU's target once via its family's ``warmup`` hook.
+    """Launch each built variant of the current GPU's target once via its family's ``warmup`` hook
+    (it only launches; byte comparisons live in the tests).
 
     Returns how many were launched; a no-op without a GPU.  Errors are recorded in ``result.warmup``.
     """

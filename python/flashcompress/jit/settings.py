@@ -17,25 +17,13 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-__all__ = [
-    "SCHEMA",
-    "Setting",
-    "Settings",
-    "SettingsError",
-    "debug_checks_enabled",
-    "default_config_path",
-    "forget_settings",
-    "get_settings",
-    "jit_enabled_for",
-    "markdown_table",
-    "reload_settings",
-    "user_config_path",
-]
+__all__ = ["SCHEMA", "Setting", "Settings", "SettingsError", "debug_checks_enabled", "default_config_path",
+           "forget_settings", "get_settings", "jit_enabled_for", "markdown_table", "reload_settings",
+           "user_config_path"]
 
 ENV_PREFIX = "FLASHCOMPRESS_"
 CONFIG_ENV = "FLASHCOMPRESS_CONFIG"
@@ -148,89 +136,15 @@ _BY_KEY: dict[str, Setting] = {s.key: s for s in SCHEMA}
 # --------------------------------------------------------------------------- TOML
 
 
-def _parse_toml_scalar(token: str, where: str) -> Any:
-    token = token.strip()
-    if token.startswith('"') and token.endswith('"') and len(token) >= 2:
-        body = token[1:-1]
-        return re.sub(r'\\(["\\nt])', lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
-    if token.startswith("'") and token.endswith("'") and len(token) >= 2:
-        return token[1:-1]
-    if token in ("true", "false"):
-        return token == "true"
-    if re.fullmatch(r"[+-]?\d[\d_]*", token):
-        return int(token.replace("_", ""))
-    if re.fullmatch(r"[+-]?\d[\d_]*\.\d[\d_]*([eE][+-]?\d+)?", token):
-        return float(token.replace("_", ""))
-    raise SettingsError(f"{where}: unsupported TOML value {token!r}")
+def _read_toml(path: Path) -> dict[str, Any]:
+    """Parse a config file with ``tomllib``."""
+    import tomllib
 
-
-def _split_array(body: str) -> list[str]:
-    items, quote, current = [], "", ""
-    for ch in body:
-        if quote:
-            current += ch
-            if ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-            current += ch
-        elif ch == ",":
-            items.append(current)
-            current = ""
-        else:
-            current += ch
-    items.append(current)
-    return [item for item in (i.strip() for i in items) if item]
-
-
-def _strip_comment(line: str) -> str:
-    quote = ""
-    for i, ch in enumerate(line):
-        if quote:
-            if ch == quote:
-                quote = ""
-        elif ch in "\"'":
-            quote = ch
-        elif ch == "#":
-            return line[:i]
-    return line
-
-
-def parse_flat_toml(text: str, where: str = "<toml>") -> dict[str, Any]:
-    """Parse the flat TOML subset flashcompress config files use (fallback for Python 3.10).
-
-    Supported: comments, ``key = value`` with strings, integers, floats, booleans
-    and one-line arrays of those.  Tables and multi-line values are rejected.
-    """
-    result: dict[str, Any] = {}
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = _strip_comment(raw).strip()
-        if not line:
-            continue
-        match = re.fullmatch(r"([A-Za-z0-9_-]+)\s*=\s*(.+)", line)
-        if not match:
-            raise SettingsError(f"{where}:{lineno}: expected `key = value`, got {raw.strip()!r}")
-        key, value = match.group(1), match.group(2).strip()
-        if value.startswith("["):
-            if not value.endswith("]"):
-                raise SettingsError(f"{where}:{lineno}: arrays must fit on one line")
-            result[key] = [_parse_toml_scalar(v, f"{where}:{lineno}") for v in _split_array(value[1:-1])]
-        else:
-            result[key] = _parse_toml_scalar(value, f"{where}:{lineno}")
-    return result
-
-
-def _read_toml(path: Path, *, flat: bool = False) -> dict[str, Any]:
-    """Parse a config file; ``flat=True`` uses the subset parser (the shipped defaults: no tomllib import)."""
-    text = path.read_text(encoding="utf-8")
-    if not flat and sys.version_info >= (3, 11):
-        import tomllib
-
-        try:
-            return tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            raise SettingsError(f"{path}: {exc}") from None
-    return parse_flat_toml(text, str(path))
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path}: {exc}") from None
 
 
 # --------------------------------------------------------------------------- resolution
@@ -298,7 +212,7 @@ class Settings:
                     raise SettingsError(f"{origin}: defaults file lacks {', '.join(missing)}")
 
         default_path = default_config_path()
-        apply(_read_toml(default_path, flat=True), str(default_path), require_all=True)
+        apply(_read_toml(default_path), str(default_path), require_all=True)
         files.append(default_path)
         user_path = user_config_path(env)
         if user_path.is_file():
@@ -400,7 +314,7 @@ def _format_default(value: Any) -> str:
 
 def markdown_table() -> str:
     """The settings reference as Markdown: the README's "Settings" block, between its markers."""
-    defaults = _read_toml(default_config_path(), flat=True)
+    defaults = _read_toml(default_config_path())
     lines = [
         "Precedence, lowest first: the shipped defaults (`.cache-config.toml`, installed as "
         "`flashcompress/default-cache-config.toml`), the user file (`$FLASHCOMPRESS_CONFIG`, else "
@@ -423,8 +337,8 @@ def markdown_table() -> str:
         "root; else derived from `nvcc` on `PATH`, else `/usr/local/cuda`), `ROCM_HOME` / `ROCM_PATH` (else "
         "`/opt/rocm`), `CXX` (host compiler, default `c++`). Their `--version` output is part of every cache "
         "key, so a different compiler rebuilds. Loading a prewarmed cache does not need them: where they cannot "
-        "be found (a runtime image without the toolkit) each entry is found through a pointer keyed by everything "
-        "but the compiler versions, and a miss raises `ToolchainMissing` (a subclass of `OfflineCacheMiss`) "
+        "be found (a runtime image without the toolkit) an entry built from the same sources, flags and target "
+        "by any compiler is loaded, and a miss raises `ToolchainMissing` (a subclass of `OfflineCacheMiss`) "
         "naming the missing compiler, the prewarm command and `FLASHCOMPRESS_BACKEND=torch`.",
     ]
     return "\n".join(lines)

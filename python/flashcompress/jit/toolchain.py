@@ -172,8 +172,8 @@ def _probe_version(binary: Path, cache_dir: Path | None, extra_env: dict[str, st
     return text
 
 
-_TOOLCHAINS: dict[tuple[str, str], Toolchain] = {}
-_UNAVAILABLE: dict[tuple[str, str, str, str], ToolchainUnavailable] = {}
+# One memo: (backend, cache root, toolchain-relevant environment) -> Toolchain or the failure.
+_TOOLCHAINS: dict[tuple[str, ...], Toolchain | ToolchainUnavailable] = {}
 
 
 def _device_compiler(backend: str) -> tuple[Path, Path, dict[str, str] | None]:
@@ -196,18 +196,16 @@ def get_toolchain(backend: str, cache_root: Path | None) -> Toolchain:
     Raises ``ToolchainUnavailable`` naming every compiler that is missing or whose
     ``--version`` fails (also memoised; ``clear_toolchain_memo`` forgets it).
     """
-    memo_key = (backend, str(cache_root))
+    env = os.environ
+    memo_key = (backend, str(cache_root), *(env.get(v, "") for v in ("CUDA_HOME", "CUDA_PATH", "ROCM_HOME",
+                                                                      "ROCM_PATH", "CXX", "PATH")))
     cached = _TOOLCHAINS.get(memo_key)
+    if isinstance(cached, ToolchainUnavailable):
+        raise cached
     if cached is not None:
         return cached
-    env_key = (backend, str(cache_root), os.environ.get("CUDA_HOME", "") + os.pathsep + os.environ.get("CUDA_PATH", "")
-               + os.pathsep + os.environ.get("ROCM_HOME", "") + os.pathsep + os.environ.get("ROCM_PATH", ""),
-               _host_compiler_name() + os.pathsep + os.environ.get("PATH", ""))
-    failed = _UNAVAILABLE.get(env_key)
-    if failed is not None:
-        raise failed
     probe_dir = cache_root / ".toolchain" if cache_root is not None else None
-    root, device, env = _device_compiler(backend)
+    root, device, probe_env = _device_compiler(backend)
     missing: list[tuple[str, str]] = []
     device_version = host_version = ""
     if not device.exists():
@@ -215,7 +213,7 @@ def get_toolchain(backend: str, cache_root: Path | None) -> Toolchain:
         missing.append((device.name, f"not found at {device}; set {var} to the toolkit root"))
     else:
         try:
-            device_version = _probe_version(device, probe_dir, env)
+            device_version = _probe_version(device, probe_dir, probe_env)
         except (OSError, RuntimeError) as exc:
             missing.append((device.name, str(exc)))
     host: Path | None = None
@@ -225,22 +223,12 @@ def get_toolchain(backend: str, cache_root: Path | None) -> Toolchain:
     except (OSError, RuntimeError) as exc:
         missing.append((_host_compiler_name(), str(exc)))
     if missing or host is None:
-        error = ToolchainUnavailable(backend, missing)
-        _UNAVAILABLE[env_key] = error
+        error = _TOOLCHAINS[memo_key] = ToolchainUnavailable(backend, missing)
         raise error
-    toolchain = Toolchain(
-        backend=backend,
-        root=root,
-        device_compiler=device,
-        host_compiler=host,
-        device_version=device_version,
-        host_version=host_version,
-    )
-    _TOOLCHAINS[memo_key] = toolchain
+    toolchain = _TOOLCHAINS[memo_key] = Toolchain(backend, root, device, host, device_version, host_version)
     return toolchain
 
 
 def clear_toolchain_memo() -> None:
     """Forget probed toolchains and failed probes (tests that switch compilers)."""
     _TOOLCHAINS.clear()
-    _UNAVAILABLE.clear()
