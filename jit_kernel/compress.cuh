@@ -121,12 +121,13 @@ struct Cfg {
   static constexpr int kInWidth = kRatio == 4 ? 4 * H : 2 * H;
   static constexpr int kStateWidth = kOnline ? 3 * H : kInWidth;
 
-  // Online decode folds one token: one entry, the whole row in one team.
+  // Online decode folds one token: one entry, the whole row in one team. C128 pools 128 entries
+  // per channel: 64-channel slices (kCSplit = 8 blocks per row), 32 splits of 4 entries.
   static constexpr bool kOnlineDecode = kOnline && kDecode;
-  static constexpr int kChans = (kRatio == 4 || kOnlineDecode) ? H : 128;
+  static constexpr int kChans = (kRatio == 4 || kOnlineDecode) ? H : 64;
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
-  static constexpr int kSplit = kRatio == 4 || kOnlineDecode ? 1 : 16;
+  static constexpr int kSplit = kRatio == 4 || kOnlineDecode ? 1 : 32;
   static constexpr int kPerSplit = kEntries / kSplit;
   // Entries whose loads are in flight together (registers: 3 x 4 values per entry; 512-thread
   // blocks run two per SM within 64 registers).
@@ -137,8 +138,16 @@ struct Cfg {
   static constexpr int kThreads = kTeams * kTeamThreads;
   static constexpr int kMinBlocks = kThreads >= 512 ? 2 : 1;  // resident blocks per SM
   static constexpr bool kCluster = kCSplit > 1 && kStoreRows;
+  // Combining the splits: kLanes consecutive threads per channel, each merging kSplit / kLanes
+  // partials, then a butterfly over the kLanes lanes.
+  static constexpr int kLanes = kSplit == 1 ? 1 : kTeamThreads / kChans;
+  // The regular pooling uses the fast exp (ex2.approx); the online state, whose running sum is
+  // kept across calls, uses the accurate one.
+  static constexpr bool kFastExp = !kOnline;
 
-  static_assert(H % 128 == 0 && kChans % 128 == 0, "head dim must be a multiple of 128");
+  static_assert(H % 128 == 0 && H % kChans == 0 && kChans % 4 == 0, "head dim: a multiple of 128");
+  static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0 &&
+                    kSplit % kLanes == 0, "split combine lanes");
   static_assert(kEntries % kSplit == 0, "window entries must split evenly");
   static_assert(kPerSplit % kBatch == 0, "entries of a split must batch evenly");
   static_assert(kTeams == 1 || kTeamThreads == 32, "multi-team blocks use one warp per team");
@@ -157,12 +166,22 @@ struct Acc {
 
 __device__ __forceinline__ Acc acc_empty() { return Acc{-INFINITY, 0.f, 0.f}; }
 
+template <bool kFast>
+__device__ __forceinline__ float exp_(float x) {
+  if constexpr (kFast) {
+    return __expf(x);
+  } else {
+    return expf(x);
+  }
+}
+
 // Merge b into a (either may be empty).
+template <bool kFast>
 __device__ __forceinline__ Acc acc_merge(Acc a, Acc b) {
   if (b.s == 0.f) return a;
   if (a.s == 0.f) return b;
   const float m = fmaxf(a.m, b.m);
-  const float ra = expf(a.m - m), rb = expf(b.m - m);
+  const float ra = exp_<kFast>(a.m - m), rb = exp_<kFast>(b.m - m);
   return Acc{m, a.s * ra + b.s * rb, a.n * ra + b.n * rb};
 }
 
@@ -307,11 +326,11 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
 #pragma unroll
       for (int k = 0; k < B; ++k) {
         if (kind[k] == 0) continue;
-        const float p = expf(lg[k] - m);
+        const float p = exp_<C::kFastExp>(lg[k] - m);
         s += p;
         n = fmaf(p, kv[k], n);
       }
-      acc[i] = acc_merge(acc[i], Acc{m, s, n});
+      acc[i] = acc_merge<C::kFastExp>(acc[i], Acc{m, s, n});
     }
   }
 }
@@ -323,9 +342,11 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
 
 template <class C>
 struct Smem {
-  float m[C::kTeams][C::kSplit][C::kChans];
-  float s[C::kTeams][C::kSplit][C::kChans];
-  float n[C::kTeams][C::kSplit][C::kChans];
+  static constexpr int kParts = C::kSplit > 1 ? C::kSplit : 1;  // kSplit 1 needs no partials
+  static constexpr int kPartChans = C::kSplit > 1 ? C::kChans : 1;
+  float m[C::kTeams][kParts][kPartChans];
+  float s[C::kTeams][kParts][kPartChans];
+  float n[C::kTeams][kParts][kPartChans];
   float row[C::kTeams][C::kStoreRows ? C::H : 1];  // store epilogue: the rounded row
 };
 
@@ -378,6 +399,42 @@ struct RowTarget {
   int64_t state_slot;   // online: slot that receives the state (-1: none)
 };
 
+// Finish channel c of a row from its combined softmax state: merge an online prior, then store
+// the state back (online rows that do not emit), hand the value to the store epilogue, or write
+// it to `out`.
+template <class C>
+__device__ __forceinline__ void finish_channel(const RowTarget& t, const CompressArgs& a, float* row,
+                                               int c, Acc acc) {
+  using TState = typename C::TState;
+  constexpr int H = C::H;
+  float M = acc.m, S = acc.s, K = acc.n / acc.s;
+  if constexpr (C::kOnline) {
+    if (t.merge_slot >= 0) {
+      const TState* prior = static_cast<const TState*>(a.state) + t.merge_slot * C::kStateWidth;
+      const float m1 = to_float(prior[c]), s1 = to_float(prior[H + c]);
+      const float k1 = to_float(prior[2 * H + c]);
+      const float m = fmaxf(m1, M);
+      const float ra = s1 * expf(m1 - m), rb = S * expf(M - m);
+      const float s = ra + rb;
+      K = (k1 * ra + K * rb) / s;
+      M = m;
+      S = s;
+    }
+    if (t.state_slot >= 0) {  // the row's state goes back to the pool instead of emitting
+      TState* dst = static_cast<TState*>(a.state) + t.state_slot * C::kStateWidth;
+      dst[c] = from_float<TState>(M);
+      dst[H + c] = from_float<TState>(S);
+      dst[2 * H + c] = from_float<TState>(K);
+      return;
+    }
+  }
+  if constexpr (C::kStoreRows) {
+    row[c] = to_float(from_float<typename C::TOut>(K));
+  } else if constexpr (C::kPass != Pass::kOnlineWrite) {
+    static_cast<typename C::TOut*>(a.out)[t.out_row * H + c] = from_float<typename C::TOut>(K);
+  }
+}
+
 template <class C>
 __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs& a,
                          Smem<C>& sm, int team, int u, int rank) {
@@ -387,62 +444,41 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   const auto* input = static_cast<const TIn*>(a.input);
   const auto* ape = static_cast<const TIn*>(a.ape);
   const int chan0 = rank * C::kChans;
+  float* row = C::kStoreRows ? row_dst<C>(sm, team) : nullptr;
 
   // Phase 1: each (split, vector) thread pools its entries for 4 channels.
-  {
-    const int v = u % C::kVecs, split = u / C::kVecs;
-    const int c = chan0 + 4 * v;
-    Acc acc[4] = {acc_empty(), acc_empty(), acc_empty(), acc_empty()};
-    pool_entries<C>(w, split * C::kPerSplit, c, state, input, ape, acc);
+  const int v = u % C::kVecs, split = u / C::kVecs;
+  Acc acc[4] = {acc_empty(), acc_empty(), acc_empty(), acc_empty()};
+  pool_entries<C>(w, split * C::kPerSplit, chan0 + 4 * v, state, input, ape, acc);
+
+  if constexpr (C::kSplit == 1) {
+    // The thread holds every entry of its channels: finish them directly.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) finish_channel<C>(t, a, row, chan0 + 4 * v + i, acc[i]);
+  } else {
+    // Phase 2: kLanes threads per channel merge the partials of the splits, then a butterfly.
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       sm.m[team][split][4 * v + i] = acc[i].m;
       sm.s[team][split][4 * v + i] = acc[i].s;
       sm.n[team][split][4 * v + i] = acc[i].n;
     }
-  }
-  team_sync<C>();
-
-  // Phase 2: combine the splits per channel, merge an online prior, finish the channel.
-  float* row = C::kStoreRows ? row_dst<C>(sm, team) : nullptr;
-  const int H = C::H;
-  for (int k = u; k < C::kChans; k += C::kTeamThreads) {
-    Acc acc = acc_empty();
+    team_sync<C>();
+    const int k = u / C::kLanes, lane = u % C::kLanes;
+    Acc r = acc_empty();
 #pragma unroll
-    for (int split = 0; split < C::kSplit; ++split) {
-      acc = acc_merge(acc, Acc{sm.m[team][split][k], sm.s[team][split][k], sm.n[team][split][k]});
+    for (int sp = lane; sp < C::kSplit; sp += C::kLanes) {
+      r = acc_merge<C::kFastExp>(r, Acc{sm.m[team][sp][k], sm.s[team][sp][k], sm.n[team][sp][k]});
     }
-    const int c = chan0 + k;
-    float M = acc.m, S = acc.s, K = acc.n / acc.s;
-    if constexpr (C::kOnline) {
-      if (t.merge_slot >= 0) {
-        const TState* prior = state + t.merge_slot * C::kStateWidth;
-        const float m1 = to_float(prior[c]), s1 = to_float(prior[H + c]);
-        const float k1 = to_float(prior[2 * H + c]);
-        const float m = fmaxf(m1, M);
-        const float ra = s1 * expf(m1 - m), rb = S * expf(M - m);
-        const float s = ra + rb;
-        K = (k1 * ra + K * rb) / s;
-        M = m;
-        S = s;
-      }
+#pragma unroll
+    for (int mask = C::kLanes / 2; mask >= 1; mask /= 2) {
+      const Acc o{shfl_xor(r.m, mask, C::kLanes), shfl_xor(r.s, mask, C::kLanes),
+                  shfl_xor(r.n, mask, C::kLanes)};
+      r = acc_merge<C::kFastExp>(r, o);
     }
-    if constexpr (C::kOnline) {
-      if (t.state_slot >= 0) {  // the row's state goes back to the pool instead of emitting
-        TState* dst = static_cast<TState*>(a.state) + t.state_slot * C::kStateWidth;
-        dst[c] = from_float<TState>(M);
-        dst[H + c] = from_float<TState>(S);
-        dst[2 * H + c] = from_float<TState>(K);
-        continue;
-      }
-    }
-    if constexpr (C::kStoreRows) {
-      row[c] = to_float(from_float<typename C::TOut>(K));
-    } else if constexpr (C::kPass != Pass::kOnlineWrite) {
-      static_cast<typename C::TOut*>(a.out)[t.out_row * H + c] = from_float<typename C::TOut>(K);
-    }
+    if (lane == 0) finish_channel<C>(t, a, row, chan0 + k, r);
+    if constexpr (C::kDecode) team_sync<C>();  // the team's next decode row reuses the partials
   }
-  if constexpr (C::kDecode) team_sync<C>();  // the team's next decode row reuses the partials
 }
 
 // Warp 0 of the row's leader block stores the gathered row.
