@@ -16,6 +16,7 @@ source tree both directories sit at the repository root; installed, they are
 from __future__ import annotations
 
 import hashlib
+import os
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,13 +53,17 @@ def kernel_include_dir() -> Path:
 
 @lru_cache(maxsize=None)
 def sources_digest() -> str:
-    """sha256 over every file (relative path + content) under ``templates/`` and ``jit_kernel/``."""
+    """sha256 over every file (relative path, size, content) under ``templates/`` and ``jit_kernel/``."""
     h = hashlib.sha256()
     for base in (template_dir(), kernel_include_dir()):
-        for path in sorted(base.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-                h.update(f"{base.name}/{path.relative_to(base).as_posix()}\0".encode())
-                h.update(hashlib.sha256(path.read_bytes()).digest())
+        files = []
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+            files += [os.path.join(dirpath, f) for f in filenames if not f.endswith(".pyc")]
+        for path in sorted(files):
+            with open(path, "rb") as f:
+                data = f.read()
+            h.update(f"{base.name}/{os.path.relpath(path, base)}\0{len(data)}\0".encode() + data)
     return h.hexdigest()
 
 
