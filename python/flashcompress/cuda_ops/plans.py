@@ -107,16 +107,19 @@ def _warmup(key: "VariantKey") -> None:
     module = load(key)
     i64 = dict(dtype=torch.int64, device=torch.device("cuda", torch.cuda.current_device()))
     rids, seq, ext = torch.tensor([1], **i64), torch.tensor([9], **i64), torch.tensor([9], **i64)
+    # Stage 1 over one padding row (num_c = num_w = 0): the kernel only writes sentinels.
+    pad_c = torch.empty((1, PLAN_ROW_BYTES), dtype=torch.uint8, device=i64["device"])
+    pad_w = torch.empty((1, PLAN_ROW_BYTES if online else WRITE_ROW_BYTES), dtype=torch.uint8, device=i64["device"])
     if online:
-        plan_c, plan_w = online_prefill_plan_device(rids, seq, ext, 9, 0, module=module)
-        online_prefill_stage1_both(plan_c, plan_w, rids, 0, module=module)
+        online_prefill_plan_device(rids, seq, ext, 9, 0, module=module)
+        online_prefill_stage1_both(pad_c, pad_w, rids, 0, num_c=0, num_w=0, module=module)
         online_decode_plan(seq, rids, 0, module=module)
     else:
         ring = 8 if ratio == 4 else 128
         r2t = torch.arange(2 * 16, dtype=torch.int32, device=i64["device"]).view(2, 16)
         f2s = torch.arange(2 * 16, **i64)
-        plan_c, plan_w = prefill_plan_device(ratio, rids, seq, ext, r2t, f2s, 256, ring, 9, module=module)
-        prefill_stage1(ratio, plan_c, plan_w, rids, r2t, f2s, 256, ring, module=module)
+        prefill_plan_device(ratio, rids, seq, ext, r2t, f2s, 256, ring, 9, module=module)
+        prefill_stage1(ratio, pad_c, pad_w, rids, r2t, f2s, 256, ring, num_c=0, num_w=0, module=module)
         decode_plan(ratio, rids, r2t, f2s, seq, 256, ring, module=module)
     torch.cuda.synchronize()
 
