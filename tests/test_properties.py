@@ -1,6 +1,6 @@
 """Property tests: random engine schedules checked against the float64 model.
 
-The model (``flashcompress.oracle``) is written from ``shared/spec/model-math.md`` and the
+The model (``flashcompress.testing.oracle``) is written from ``shared/spec/model-math.md`` and the
 cache byte formats, independently of the backends.  ``flashcompress.testing.simulator`` drives
 the public API the way an engine does (plans -> compress_forward ->
 compress_norm_rope_store) over random batches: every request's sequence is split at

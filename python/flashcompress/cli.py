@@ -313,7 +313,7 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     except ModuleNotFoundError as exc:
         if exc.name != "flashcompress.testing.demo":
             raise
-        print("flashcompress demo: not available in this build (flashcompress.demo is missing)", file=sys.stderr)
+        print("flashcompress demo: not available in this build (flashcompress.testing.demo is missing)", file=sys.stderr)
         return 2
     result = demo.main(list(args.demo_args))
     return int(result or 0)
@@ -354,7 +354,7 @@ def _parser() -> argparse.ArgumentParser:
     config.add_argument("--markdown", action="store_true", help="print the settings reference table")
     config.set_defaults(func=_cmd_config)
 
-    demo = sub.add_parser("demo", help="run the demo (flashcompress.demo)", add_help=False)
+    demo = sub.add_parser("demo", help="run the demo (flashcompress.testing.demo)", add_help=False)
     demo.add_argument("demo_args", nargs=argparse.REMAINDER)
     demo.set_defaults(func=_cmd_demo)
     return parser
