@@ -121,22 +121,25 @@ struct Cfg {
   static constexpr int kInWidth = kRatio == 4 ? 4 * H : 2 * H;
   static constexpr int kStateWidth = kOnline ? 3 * H : kInWidth;
 
-  // Online decode folds one token: one entry, the whole row in one team. C128 pools 128 entries
-  // per channel: 64-channel slices (kCSplit = 8 blocks per row), 32 splits of 4 entries.
+  // Tiling. Online decode folds one token: one entry, the whole row in one team. C4 pools 8
+  // entries per channel in one thread. C128 pools 128: decode in 64-channel slices (8 blocks per
+  // row, 32 splits of 4 entries: short rows for latency), prefill in 128-channel slices (4
+  // blocks, 16 splits of 8 entries: fewer, longer-lived blocks for bandwidth).
   static constexpr bool kOnlineDecode = kOnline && kDecode;
-  static constexpr int kChans = (kRatio == 4 || kOnlineDecode) ? H : 64;
+  static constexpr bool kWide = kRatio == 128 && !kOnlineDecode;
+  static constexpr int kChans = !kWide ? H : (kDecode ? 64 : 128);
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
-  static constexpr int kSplit = kRatio == 4 || kOnlineDecode ? 1 : 32;
+  static constexpr int kSplit = !kWide ? 1 : (kDecode ? 32 : 16);
   static constexpr int kPerSplit = kEntries / kSplit;
-  // Entries whose loads are in flight together (registers: 3 x 4 values per entry; 512-thread
-  // blocks run two per SM within 64 registers).
-  static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kSplit == 1 ? 8 : 2);
+  // Entries whose loads are in flight together (registers: 3 x 4 values per entry). 512-thread
+  // blocks run two per SM within 64 registers; C4 prefill runs 6 blocks of 128 per SM.
+  static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kWide ? 2 : (kDecode ? 8 : 4));
   static constexpr int kVecs = kChans / 4;                 // channel vectors per slice
   static constexpr int kTeamThreads = kVecs * kSplit;
   static constexpr int kTeams = kTeamThreads >= 128 ? 1 : 128 / kTeamThreads;
   static constexpr int kThreads = kTeams * kTeamThreads;
-  static constexpr int kMinBlocks = kThreads >= 512 ? 2 : 1;  // resident blocks per SM
+  static constexpr int kMinBlocks = kThreads >= 512 ? 2 : (kRatio == 4 && !kDecode ? 6 : 1);
   static constexpr bool kCluster = kCSplit > 1 && kStoreRows;
   // Combining the splits: kLanes consecutive threads per channel, each merging kSplit / kLanes
   // partials, then a butterfly over the kLanes lanes.
@@ -745,6 +748,10 @@ gpuError_t launch(void (*kernel)(KArgs...), unsigned grid, unsigned block, int c
 #ifndef FC_ENABLE_PDL
 #define FC_ENABLE_PDL 0
 #endif
+// Decode grid: this many waves of resident blocks (requests per team follow from the batch).
+#ifndef FC_DECODE_WAVES
+#define FC_DECODE_WAVES 1
+#endif
 
 template <class C>
 unsigned row_grid(int64_t rows, int64_t rows_per_team) {
@@ -787,7 +794,8 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt>::r
     // As many requests per team as make the grid one wave of resident blocks: a request that
     // closes no window costs only its row copy, so fewer, fuller blocks finish sooner.
     using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kDecode>;
-    const int64_t teams = resident_blocks(decode_kernel<C>, C::kThreads) / C::kCSplit * C::kTeams;
+    constexpr int64_t kWaves = FC_DECODE_WAVES;
+    const int64_t teams = kWaves * resident_blocks(decode_kernel<C>, C::kThreads) / C::kCSplit * C::kTeams;
     CompressArgs d = a;
     d.reqs_per_team = teams > 0 ? (a.rows + teams - 1) / teams : 1;
     return launch(decode_kernel<C>, row_grid<C>(a.rows, d.reqs_per_team), C::kThreads,
