@@ -5,6 +5,13 @@ anything is written) -> ``dispatch.ops_backend(device)`` (``torch_backend.ops``
 or ``cuda_ops.ops``, chosen once per call) -> the backend's op entry point,
 which has the same signature in both backends.  This module holds no plan or
 tensor logic of its own.
+
+CUDA tensors take a short path (outside ``FLASHCOMPRESS_DEBUG=1``): the Python side
+checks only what the kernels' bindings cannot see (ratio, head dim, flags, the plan
+object and its kind, the paged view of the state pool); the bindings check every
+tensor's dtype, shape, contiguity and device, with the same named ``TypeError`` /
+``ValueError``, before anything is launched.  This keeps an eager call's host path
+to a few microseconds.  Anything unusual falls back to the full checks.
 """
 
 from __future__ import annotations
@@ -15,8 +22,9 @@ import torch
 
 from . import validation as V
 from .dispatch import ops_backend
+from .jit.settings import debug_checks_enabled
 from .layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES, CacheFormat, select_cache_format
-from .plans import CompressorDecodePlan, CompressorPrefillPlan
+from .plans import CompressorDecodePlan, CompressorPrefillPlan, check_plan
 from .torch_backend.rows import compress_fields, decode_fields, store_targets, write_fields
 from . import library as _library  # torch.compile: the flashcompress:: custom ops (used only while tracing)
 
@@ -39,6 +47,57 @@ class _Compress(NamedTuple):
     is_online: bool
 
 
+_PLAN_TYPES = (CompressorDecodePlan, CompressorPrefillPlan)
+# (ratio, head_dim, online) -> (state width, state rows per page of the paged view)
+_LAYERS: dict[tuple[int, int, bool], tuple[int, int]] = {
+    (4, 512, False): (2048, 4), (4, 128, False): (512, 4), (128, 512, False): (1024, 128),
+    (128, 512, True): (1536, 1),
+}
+
+
+def _fast_compress(
+    kv_score_buffer: object, kv_score_input: object, ape: object, plan: object, head_dim: object,
+    compress_ratio: object, out: object, is_online: object,
+) -> _Compress | None:
+    """The CUDA short path (see the module docstring), or None to run the full checks."""
+    buf = kv_score_buffer
+    if not (type(buf) is torch.Tensor and buf.is_cuda and type(is_online) is bool
+            and type(kv_score_input) is torch.Tensor and type(ape) is torch.Tensor
+            and type(plan) in _PLAN_TYPES and not debug_checks_enabled()):
+        return None
+    layer = _LAYERS.get((compress_ratio, head_dim, is_online))  # type: ignore[arg-type]
+    if layer is None or type(compress_ratio) is not int or type(head_dim) is not int:
+        return None
+    if plan.compress_ratio != compress_ratio or plan.is_online not in (None, is_online):
+        return None
+    if is_online and kv_score_input.dtype != torch.float32:
+        return None
+    width, page_rows = layer
+    if buf.dim() == 3:
+        if buf.shape[1] != page_rows or buf.shape[2] != width or not buf.is_contiguous():
+            return None
+        buf = buf.view(-1, width)
+    elif buf.dim() != 2:
+        return None
+    return _Compress(buf, kv_score_input, ape, plan[1], None if plan.is_decode else plan[2],
+                     compress_ratio, head_dim, is_online)
+
+
+def _fast_store(kv_device: torch.device, D: int, plan: object, norm_eps: object, freq_cis: object,
+                use_fp4: object, bf16_store: object) -> CacheFormat | None:
+    """The CUDA short path of a store: the cache format, or None to run the full checks."""
+    if not (kv_device.type == "cuda" and type(plan) in _PLAN_TYPES and type(use_fp4) is bool
+            and type(bf16_store) is bool and type(norm_eps) is float and 0.0 < norm_eps < 1.0
+            and type(freq_cis) is torch.Tensor and freq_cis.dtype == torch.complex64
+            and not debug_checks_enabled()):
+        return None
+    if D == 128 and not bf16_store:
+        return select_cache_format(D, use_fp4, False)
+    if D == 512 and not use_fp4:
+        return select_cache_format(D, False, bf16_store)
+    return None
+
+
 def _check_compress(
     kv_score_buffer: object, kv_score_input: object, ape: object, plan: object, head_dim: object,
     compress_ratio: object, out: object, is_online: object,
@@ -48,7 +107,7 @@ def _check_compress(
         V.fail("is_online", "a bool", repr(is_online), TypeError)
     if is_online and ratio != 128:
         V.fail("is_online", "False unless compress_ratio is 128", f"True with compress_ratio {ratio}")
-    plan = V.check_plan(plan, ratio)
+    plan = check_plan(plan, ratio)
     head_dim = V.check_head_dim(head_dim, ratio, is_online)
     if plan.is_online is not None and plan.is_online != is_online:
         made = "generate_online" if plan.is_online else "generate"
@@ -115,7 +174,17 @@ def compress_forward(
     if torch.compiler.is_compiling():  # traced by torch.compile: one custom op, no value checks in the graph
         return _library.compress_forward(kv_score_buffer, kv_score_input, ape, plan, head_dim=head_dim,
                                          compress_ratio=compress_ratio, out=out, is_online=is_online)
-    c = _check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
+    return _run_compress_forward(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
+
+
+def _run_compress_forward(
+    kv_score_buffer: object, kv_score_input: object, ape: object, plan: object, head_dim: object,
+    compress_ratio: object, out: torch.Tensor | None, is_online: object,
+) -> torch.Tensor:
+    """Validation + dispatch of ``compress_forward`` (also the torch.compile op's implementation)."""
+    c = _fast_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
+    if c is None:
+        c = _check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
     if out is None:
         out = torch.empty((c.plan_rows.shape[0], c.head_dim), dtype=c.inp.dtype, device=c.state.device)
     if c.plan_rows.shape[0] == 0 and (c.plan_w is None or c.plan_w.shape[0] == 0):
@@ -150,7 +219,26 @@ def compress_norm_rope_store(
         return _library.compress_norm_rope_store(kv, plan, norm_weight=norm_weight, norm_eps=norm_eps,
                                                  freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache,
                                                  page_size=page_size, use_fp4=use_fp4, bf16_store=bf16_store)
-    plan = V.check_plan(plan, None)
+    _run_compress_norm_rope_store(kv, plan, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4,
+                                  bf16_store)
+
+
+def _run_compress_norm_rope_store(
+    kv: object, plan: object, norm_weight: object, norm_eps: object, freq_cis: object, out_loc: object,
+    kvcache: object, page_size: object, use_fp4: object, bf16_store: object,
+) -> None:
+    """Validation + dispatch of ``compress_norm_rope_store`` (also the torch.compile op's implementation)."""
+    if type(kv) is torch.Tensor and kv.dim() == 2:
+        fmt = _fast_store(kv.device, kv.shape[1], plan, norm_eps, freq_cis, use_fp4, bf16_store)
+        if fmt is not None:
+            plan_rows = plan[1]  # type: ignore[index]
+            if plan_rows.shape[0]:
+                ops_backend(kv.device).compress_norm_rope_store(
+                    kv, plan_rows, is_decode=plan.is_decode, ratio=plan.compress_ratio,  # type: ignore[union-attr]
+                    norm_weight=norm_weight, norm_eps=norm_eps, freq_cis=freq_cis,
+                    out_loc=out_loc, kvcache=kvcache, page_size=page_size, fmt=fmt)
+            return
+    plan = check_plan(plan, None)
     plan_rows = V.check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, None)
     kv_t, loc, freq, fmt = V.check_store_args(
         kv, plan_rows.shape[0], norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
@@ -198,18 +286,32 @@ def compress_and_store(
             kv_score_buffer, kv_score_input, ape, plan, head_dim=head_dim, compress_ratio=compress_ratio,
             norm_weight=norm_weight, norm_eps=norm_eps, freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache,
             page_size=page_size, use_fp4=use_fp4, bf16_store=bf16_store, is_online=is_online)
-    c = _check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, None, is_online)
-    n_rows = c.plan_rows.shape[0]
-    loc, freq, fmt = V.check_store_targets(
-        c.state.device, c.head_dim, n_rows, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
-        use_fp4, bf16_store, plan.is_decode, select_cache_format,
-    )
-    if n_rows == 0 and (c.plan_w is None or c.plan_w.shape[0] == 0):
+    _run_compress_and_store(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, norm_weight,
+                            norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store, is_online)
+
+
+def _run_compress_and_store(
+    kv_score_buffer: object, kv_score_input: object, ape: object, plan: object, head_dim: object,
+    compress_ratio: object, norm_weight: object, norm_eps: object, freq_cis: object, out_loc: object,
+    kvcache: object, page_size: object, use_fp4: object, bf16_store: object, is_online: object,
+) -> None:
+    """Validation + dispatch of ``compress_and_store`` (also the torch.compile op's implementation)."""
+    c = _fast_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, None, is_online)
+    fmt = None if c is None else _fast_store(c.state.device, c.head_dim, plan, norm_eps, freq_cis, use_fp4, bf16_store)
+    if c is not None and fmt is not None:
+        loc, freq = out_loc, freq_cis
+    else:
+        c = _check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, None, is_online)
+        loc, freq, fmt = V.check_store_targets(
+            c.state.device, c.head_dim, c.plan_rows.shape[0], norm_weight, norm_eps, freq_cis, out_loc, kvcache,
+            page_size, use_fp4, bf16_store, plan.is_decode, select_cache_format,  # type: ignore[union-attr]
+        )
+        _check_store_values(plan, c.plan_rows, loc, kvcache, page_size, freq)  # type: ignore[arg-type]
+    if c.plan_rows.shape[0] == 0 and (c.plan_w is None or c.plan_w.shape[0] == 0):
         return
-    _check_store_values(plan, c.plan_rows, loc, kvcache, page_size, freq)
     ops_backend(c.state.device).compress_and_store(
         c.state, c.inp, c.ape, c.plan_rows, c.plan_w,
-        ratio=c.ratio, head_dim=c.head_dim, is_online=c.is_online, is_decode=plan.is_decode,
-        norm_weight=norm_weight, norm_eps=float(norm_eps), freq_cis=freq,
+        ratio=c.ratio, head_dim=c.head_dim, is_online=c.is_online, is_decode=plan.is_decode,  # type: ignore[union-attr]
+        norm_weight=norm_weight, norm_eps=float(norm_eps), freq_cis=freq,  # type: ignore[arg-type]
         out_loc=loc, kvcache=kvcache, page_size=page_size, fmt=fmt,
     )

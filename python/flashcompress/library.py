@@ -41,8 +41,6 @@ import torch
 
 from . import api as _api
 from . import validation as V
-from .dispatch import ops_backend
-from .layouts import PLAN_ROW_BYTES, select_cache_format
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
 
 __all__ = ["compress_forward", "compress_norm_rope_store", "compress_and_store", "OPS"]
@@ -98,11 +96,7 @@ def _freq_arg(freq_cis: object) -> tuple[object, bool]:
 def _compress_forward_impl(kv_score_buffer, kv_score_input, ape, plan_rows, plan_w, plan_ratio, plan_is_online, out,
                            head_dim, compress_ratio, is_online):
     plan = _plan(plan_ratio, plan_rows, plan_w, plan_is_online)
-    c = _api._check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
-    if c.plan_rows.shape[0] == 0 and (c.plan_w is None or c.plan_w.shape[0] == 0):
-        return
-    ops_backend(c.state.device).compress_forward(
-        c.state, c.inp, c.ape, c.plan_rows, c.plan_w, out, ratio=c.ratio, head_dim=c.head_dim, is_online=c.is_online)
+    _api._run_compress_forward(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
 
 
 def _compress_norm_rope_store_impl(kv, plan_rows, plan_w, plan_ratio, plan_is_online, norm_weight, norm_eps, freq_cis,
@@ -111,18 +105,8 @@ def _compress_norm_rope_store_impl(kv, plan_rows, plan_w, plan_ratio, plan_is_on
         freq_cis = torch.view_as_complex(freq_cis)
     V.check_ratio(plan_ratio)
     plan = _plan(plan_ratio, plan_rows, plan_w, plan_is_online)
-    plan_rows = V.check_plan_tensor("plan[1]", plan_rows, PLAN_ROW_BYTES, None)
-    kv_t, loc, freq, fmt = V.check_store_args(
-        kv, plan_rows.shape[0], norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
-        use_fp4, bf16_store, plan.is_decode, select_cache_format)
-    if plan_rows.device != kv_t.device:
-        V.fail("plan[1]", f"device {kv_t.device} (same as kv)", plan_rows.device)
-    if plan_rows.shape[0] == 0:
-        return
-    _api._check_store_values(plan, plan_rows, loc, kvcache, page_size, freq)
-    ops_backend(kv_t.device).compress_norm_rope_store(
-        kv_t, plan_rows, is_decode=plan.is_decode, ratio=plan.compress_ratio, norm_weight=norm_weight,
-        norm_eps=float(norm_eps), freq_cis=freq, out_loc=loc, kvcache=kvcache, page_size=page_size, fmt=fmt)
+    _api._run_compress_norm_rope_store(kv, plan, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
+                                       use_fp4, bf16_store)
 
 
 def _compress_and_store_impl(kv_score_buffer, kv_score_input, ape, plan_rows, plan_w, plan_ratio, plan_is_online,
@@ -131,18 +115,8 @@ def _compress_and_store_impl(kv_score_buffer, kv_score_input, ape, plan_rows, pl
     if freq_as_real:
         freq_cis = torch.view_as_complex(freq_cis)
     plan = _plan(plan_ratio, plan_rows, plan_w, plan_is_online)
-    c = _api._check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, None, is_online)
-    n_rows = c.plan_rows.shape[0]
-    loc, freq, fmt = V.check_store_targets(
-        c.state.device, c.head_dim, n_rows, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
-        use_fp4, bf16_store, plan.is_decode, select_cache_format)
-    if n_rows == 0 and (c.plan_w is None or c.plan_w.shape[0] == 0):
-        return
-    _api._check_store_values(plan, c.plan_rows, loc, kvcache, page_size, freq)
-    ops_backend(c.state.device).compress_and_store(
-        c.state, c.inp, c.ape, c.plan_rows, c.plan_w, ratio=c.ratio, head_dim=c.head_dim, is_online=c.is_online,
-        is_decode=plan.is_decode, norm_weight=norm_weight, norm_eps=float(norm_eps), freq_cis=freq,
-        out_loc=loc, kvcache=kvcache, page_size=page_size, fmt=fmt)
+    _api._run_compress_and_store(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, norm_weight,
+                                 norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store, is_online)
 
 
 def _nothing(*args, **kwargs) -> None:

@@ -211,7 +211,3 @@ class CompressorPrefillPlan(_PlanBase):
         )
         return CompressorPrefillPlan(128, plan_c, plan_w, is_online=True)
 
-
-# Transitional: api.py (the lead's file) still calls ``validation.check_plan``; once it imports
-# ``check_plan`` from here, delete this line. (validation no longer imports plans: no cycle.)
-V.check_plan = check_plan  # type: ignore[attr-defined]
