@@ -478,3 +478,54 @@ def test_empty_batches_are_no_ops() -> None:
                                          compress_ratio=4)
     assert out.shape == (0, 512) and torch.equal(state, before)
     assert math.isfinite(float(state.sum()))
+
+
+# ---------------------------------------------------------------------------
+# Bad input on CUDA tensors: the short path's checks live in the kernel binding
+# ---------------------------------------------------------------------------
+
+
+def _bad_cases():
+    H = 512
+
+    def decode_args():
+        state, r2t, f2s, ring = _decode_world(4, 2, H, False)
+        rids = torch.tensor([1, 2], device="cuda")
+        plan = _decode_plan(4, False, rids, torch.tensor([8, 13], device="cuda"), r2t, f2s, ring)
+        return dict(kv_score_buffer=state, kv_score_input=torch.randn((2, 4 * H), device="cuda"),
+                    ape=torch.randn((8, H), device="cuda"), plan=plan, head_dim=H, compress_ratio=4)
+
+    def with_(**changes):
+        def make():
+            args = decode_args()
+            for k, v in changes.items():
+                args[k] = v(args) if callable(v) else v
+            return args
+        return make
+
+    return {
+        "input_dtype": (TypeError, "kv_score_input", with_(kv_score_input=lambda a: a["kv_score_input"].half())),
+        "input_width": (ValueError, "kv_score_input", with_(kv_score_input=lambda a: a["kv_score_input"][:, :1024])),
+        "input_rows": (ValueError, "kv_score_input", with_(kv_score_input=lambda a: a["kv_score_input"][:1])),
+        "input_device": (ValueError, "kv_score_input", with_(kv_score_input=lambda a: a["kv_score_input"].cpu())),
+        "ape_shape": (ValueError, "ape", with_(ape=lambda a: a["ape"][:4])),
+        "out_shape": (ValueError, "out", with_(out=lambda a: torch.empty((3, H), device="cuda"))),
+        "out_dtype": (TypeError, "out", with_(out=lambda a: torch.empty((2, H), device="cuda", dtype=torch.bfloat16))),
+        "state_width": (ValueError, "kv_score_buffer", with_(kv_score_buffer=lambda a: a["kv_score_buffer"][:, :1024])),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_cases()))
+def test_cuda_bad_input_is_named_and_writes_nothing(case: str) -> None:
+    exc, arg, make = _bad_cases()[case]
+    args = make()
+    state = args["kv_score_buffer"]
+    before = state.clone()
+    out = args.get("out")
+    out_before = None if out is None else out.clone()
+    with pytest.raises(exc, match=arg):
+        flashcompress.compress_forward(**args)
+    torch.cuda.synchronize()
+    assert torch.equal(state, before), "the state pool was written"
+    if out is not None:
+        assert torch.equal(out.nan_to_num(), out_before.nan_to_num())
