@@ -77,7 +77,7 @@ def store_kwargs() -> dict[str, Any]:
 
 def buffers(kwargs: dict[str, Any]) -> list[torch.Tensor]:
     names = ("kv_score_buffer", "out", "kvcache")
-    return [kwargs[n] for n in names if isinstance(kwargs.get(n), torch.Tensor)]
+    return [kwargs[n] for n in names if isinstance(kwargs.get(n), torch.Tensor) and not kwargs[n].is_meta]
 
 
 Mutation = Callable[[dict[str, Any]], None]
@@ -88,6 +88,61 @@ def setter(name: str, value_fn: Callable[[dict[str, Any]], Any]) -> Mutation:
         kw[name] = value_fn(kw)
 
     return mutate
+
+
+def with_entry(name: str, index: int, value: int) -> Mutation:
+    """``kw[name]`` with one element replaced (a copy: the world's tensors are shared by nothing else)."""
+    def mutate(kw: dict[str, Any]) -> None:
+        t = kw[name].clone()
+        t[index] = value
+        kw[name] = t
+
+    return mutate
+
+
+def chunk_kwargs() -> dict[str, Any]:
+    """Slot 2 resumes at position 6 (4 new tokens): the planner also reads positions 2-5 of its prefix."""
+    kw = prefill_kwargs()
+    kw.update(seq_lens=torch.tensor([9, 10]), extend_lens=torch.tensor([9, 4]), num_q_tokens=13)
+    return kw
+
+
+def online_decode_kwargs() -> dict[str, Any]:
+    return dict(seq_lens=torch.tensor([5, 9]), req_pool_indices=torch.tensor([1, 2]), req_to_token=world()["req_to_token"])
+
+
+def online_prefill_kwargs() -> dict[str, Any]:
+    return dict(seq_lens=torch.tensor([9, 6]), extend_lens=torch.tensor([9, 6]), req_pool_indices=torch.tensor([1, 2]),
+                req_to_token=world()["req_to_token"], num_q_tokens=15)
+
+
+def store_two_events_kwargs() -> dict[str, Any]:
+    """Both decode rows close an entry (seq_len 8 and 4): both out_loc entries are stored."""
+    kw = store_kwargs()
+    kw["plan"] = CompressorDecodePlan.generate(**{**decode_kwargs(), "seq_lens": torch.tensor([8, 4])})
+    return kw
+
+
+def prefill_store_kwargs() -> dict[str, Any]:
+    """A prefill store: events at ragged ids 3, 7 (slot 1) and 12 (slot 2) of 15 tokens."""
+    kw = store_kwargs()
+    kw["plan"] = CompressorPrefillPlan.generate(**prefill_kwargs())
+    kw["kv"] = torch.randn(kw["plan"][1].shape[0], 512)
+    kw["out_loc"] = torch.arange(15)
+    return kw
+
+
+def grad(name: str) -> Mutation:
+    return setter(name, lambda k: k[name].clone().requires_grad_(True))
+
+
+def meta(name: str) -> Mutation:
+    return setter(name, lambda k: k[name].to("meta"))
+
+
+def pool_rows(rows: int, width: int) -> Callable[[dict[str, Any]], torch.Tensor]:
+    """A contiguous ``[rows, width]`` view into the state pool's memory."""
+    return lambda k: k["kv_score_buffer"].view(-1)[: rows * width].view(rows, width)
 
 
 # (id, make kwargs, function, mutation, expected exception, argument named in the message)
@@ -165,6 +220,44 @@ CASES: list[tuple[str, Callable[[], dict], Callable, Mutation, type[Exception], 
     ("st_plan_kind", store_kwargs, compress_norm_rope_store, setter("plan", lambda k: [4, k["plan"][1]]), TypeError, "plan"),
     ("st_plan_rows_0d", store_kwargs, compress_norm_rope_store,
      setter("plan", lambda k: CompressorDecodePlan(4, torch.tensor(3, dtype=torch.uint8))), ValueError, "plan[1]"),
+    # ---- full_to_state values at the positions the plan reads or writes (paged C4)
+    # decode slot 1, seq_len 8: positions 7 (write) and 3 (read); full loc = 512 + position
+    ("decode_f2s_evicted_write", decode_kwargs, CompressorDecodePlan.generate, with_entry("full_to_state", 519, -1), ValueError, "full_to_state"),
+    ("decode_f2s_evicted_read", decode_kwargs, CompressorDecodePlan.generate, with_entry("full_to_state", 515, -1), ValueError, "full_to_state"),
+    ("decode_f2s_row_past_i32", decode_kwargs, CompressorDecodePlan.generate, with_entry("full_to_state", 519, 2**40), ValueError, "full_to_state"),
+    ("prefill_f2s_evicted", prefill_kwargs, CompressorPrefillPlan.generate, with_entry("full_to_state", 1024 + 3, -1), ValueError, "full_to_state"),
+    ("prefill_f2s_evicted_prefix_read", chunk_kwargs, CompressorPrefillPlan.generate, with_entry("full_to_state", 1024 + 2, -1), ValueError, "full_to_state"),
+    ("prefill_f2s_row_past_i32", prefill_kwargs, CompressorPrefillPlan.generate, with_entry("full_to_state", 512 + 8, 2**40), ValueError, "full_to_state"),
+    # ---- one request slot per batch row
+    ("decode_duplicate_rid", decode_kwargs, CompressorDecodePlan.generate, setter("req_pool_indices", lambda k: torch.tensor([1, 1])), ValueError, "req_pool_indices"),
+    ("decode_duplicate_rid_with_padding_row", decode_kwargs, CompressorDecodePlan.generate,
+     lambda k: k.update(req_pool_indices=torch.tensor([1, 1]), seq_lens=torch.tensor([8, 1])), ValueError, "req_pool_indices"),
+    ("prefill_duplicate_rid", prefill_kwargs, CompressorPrefillPlan.generate, setter("req_pool_indices", lambda k: torch.tensor([2, 2])), ValueError, "req_pool_indices"),
+    ("decode_online_duplicate_rid", online_decode_kwargs, CompressorDecodePlan.generate_online, setter("req_pool_indices", lambda k: torch.tensor([2, 2])), ValueError, "req_pool_indices"),
+    ("prefill_online_duplicate_rid", online_prefill_kwargs, CompressorPrefillPlan.generate_online, setter("req_pool_indices", lambda k: torch.tensor([1, 1])), ValueError, "req_pool_indices"),
+    # ---- meta tensors, autograd, aliasing
+    ("decode_rpi_meta", decode_kwargs, CompressorDecodePlan.generate, meta("req_pool_indices"), ValueError, "req_pool_indices"),
+    ("prefill_r2t_meta", prefill_kwargs, CompressorPrefillPlan.generate, meta("req_to_token"), ValueError, "req_to_token"),
+    ("cf_buffer_meta", compress_kwargs, compress_forward, meta("kv_score_buffer"), ValueError, "kv_score_buffer"),
+    ("cf_input_meta", compress_kwargs, compress_forward, meta("kv_score_input"), ValueError, "kv_score_input"),
+    ("st_kv_meta", store_kwargs, compress_norm_rope_store, meta("kv"), ValueError, "kv"),
+    ("st_cache_meta", store_kwargs, compress_norm_rope_store, meta("kvcache"), ValueError, "kvcache"),
+    ("cf_buffer_requires_grad", compress_kwargs, compress_forward, grad("kv_score_buffer"), ValueError, "kv_score_buffer"),
+    ("cf_input_requires_grad", compress_kwargs, compress_forward, grad("kv_score_input"), ValueError, "kv_score_input"),
+    ("cf_ape_requires_grad", compress_kwargs, compress_forward, grad("ape"), ValueError, "ape"),
+    ("cf_out_requires_grad", compress_kwargs, compress_forward, grad("out"), ValueError, "out"),
+    ("st_kv_requires_grad", store_kwargs, compress_norm_rope_store, grad("kv"), ValueError, "kv"),
+    ("st_weight_requires_grad", store_kwargs, compress_norm_rope_store, grad("norm_weight"), ValueError, "norm_weight"),
+    ("cf_input_aliases_state", compress_kwargs, compress_forward, setter("kv_score_input", pool_rows(15, 4 * H)), ValueError, "kv_score_input"),
+    ("cf_ape_aliases_state", compress_kwargs, compress_forward, setter("ape", pool_rows(8, H)), ValueError, "ape"),
+    ("cf_out_aliases_state", compress_kwargs, compress_forward, setter("out", lambda k: pool_rows(k["out"].shape[0], H)(k)), ValueError, "out"),
+    ("cf_out_aliases_input", compress_kwargs, compress_forward,
+     setter("out", lambda k: k["kv_score_input"].view(-1)[: k["out"].numel()].view(k["out"].shape)), ValueError, "out"),
+    ("st_kv_aliases_cache", store_kwargs, compress_norm_rope_store,
+     setter("kv", lambda k: k["kvcache"].view(torch.float32).view(-1)[: 2 * 512].view(2, 512)), ValueError, "kv"),
+    # ---- one cache slot per stored row
+    ("st_out_loc_duplicate_decode", store_two_events_kwargs, compress_norm_rope_store, setter("out_loc", lambda k: torch.tensor([3, 3])), ValueError, "out_loc"),
+    ("st_out_loc_duplicate_prefill", prefill_store_kwargs, compress_norm_rope_store, with_entry("out_loc", 12, 3), ValueError, "out_loc"),
 ]
 
 
@@ -191,6 +284,29 @@ def test_valid_calls_of_the_catalogue_succeed() -> None:
     kw = store_kwargs()
     compress_norm_rope_store(**kw)
     assert int(kw["kvcache"].count_nonzero()) > 0
+
+
+def test_valid_neighbours_of_the_new_cases_succeed() -> None:
+    """What the new checks must keep accepting: values the plan never looks up, CUDA-graph padding
+    rows sharing a slot, repeated out_loc at rows that store nothing, parameters under no_grad."""
+    kw = chunk_kwargs()
+    kw["full_to_state"] = kw["full_to_state"].clone()
+    kw["full_to_state"][1024 + 1] = -1  # slot 2, position 1: before the 4 prefix tokens the planner reads
+    CompressorPrefillPlan.generate(**kw)
+    padded = {**decode_kwargs(), "req_pool_indices": torch.tensor([1, 2, 0, 0]), "seq_lens": torch.tensor([8, 5, 1, 1])}
+    assert CompressorDecodePlan.generate(**padded)[1].shape == (4, 16)
+    CompressorDecodePlan.generate_online(torch.tensor([5, 1, 1]), torch.tensor([1, 0, 0]), world()["req_to_token"])
+    st = store_kwargs()
+    st["out_loc"] = torch.tensor([3, 3])  # row 1 (seq_len 5) stores nothing
+    compress_norm_rope_store(**st)
+    cf = compress_kwargs()
+    cf["ape"] = torch.nn.Parameter(cf["ape"])
+    with torch.no_grad():
+        compress_forward(**cf)
+    pool = torch.randn(2056 + 15, 4 * H)  # input and state pool side by side in one allocation
+    cf = compress_kwargs()
+    cf.update(kv_score_buffer=pool[:2056], kv_score_input=pool[2056:])
+    compress_forward(**cf)
 
 
 def test_is_overlap_compress() -> None:

@@ -72,6 +72,12 @@ def _fast_compress(
         return None
     if is_online and kv_score_input.dtype != torch.float32:
         return None
+    # guards (attribute tests only): autograd inputs and an input inside the state pool take the full checks
+    if torch.is_grad_enabled() and (buf.requires_grad or kv_score_input.requires_grad or ape.requires_grad):
+        return None
+    in0 = kv_score_input.data_ptr()
+    if in0 < buf.data_ptr() + buf.nbytes and buf.data_ptr() < in0 + kv_score_input.nbytes:
+        return None
     width, page_rows = layer
     if buf.dim() == 3:
         if buf.shape[1] != page_rows or buf.shape[2] != width or not buf.is_contiguous():
@@ -90,6 +96,8 @@ def _fast_store(kv_device: torch.device, D: int, plan: object, norm_eps: object,
             and type(bf16_store) is bool and type(norm_eps) is float and 0.0 < norm_eps < 1.0
             and type(freq_cis) is torch.Tensor and freq_cis.dtype == torch.complex64
             and not debug_checks_enabled()):
+        return None
+    if torch.is_grad_enabled() and freq_cis.requires_grad:  # guard: the full checks name it
         return None
     if D == 128 and not bf16_store:
         return select_cache_format(D, use_fp4, False)
@@ -228,7 +236,8 @@ def _run_compress_norm_rope_store(
     kvcache: object, page_size: object, use_fp4: object, bf16_store: object,
 ) -> None:
     """Validation + dispatch of ``compress_norm_rope_store`` (also the torch.compile op's implementation)."""
-    if type(kv) is torch.Tensor and kv.dim() == 2:
+    if type(kv) is torch.Tensor and kv.dim() == 2 and not (  # guard: autograd inputs take the full checks
+            torch.is_grad_enabled() and (kv.requires_grad or getattr(norm_weight, "requires_grad", False))):
         fmt = _fast_store(kv.device, kv.shape[1], plan, norm_eps, freq_cis, use_fp4, bf16_store)
         if fmt is not None:
             plan_rows = plan[1]  # type: ignore[index]

@@ -96,10 +96,12 @@ class CompressorDecodePlan(_PlanBase):
         V.check_ring(ratio, ring_size, swa_page_size, use_req_ring, paged)
         V.check_decode_lengths(seq)
         V.check_positions_in_table(seq, req_to_token)
+        V.check_distinct_requests(req_pool_indices, seq)
         if paged and seq.numel() and V.wants_value_checks(seq):
             p1 = seq - 1
             V.check_state_locations(req_pool_indices, req_to_token, full_to_state,
-                                    torch.stack([p1, (p1 - ratio).clamp(min=0)], dim=1))
+                                    torch.stack([p1, (p1 - ratio).clamp(min=0)], dim=1),
+                                    swa_page_size=swa_page_size, ring_size=ring_size)
         if seq.shape[0] == 0:
             return CompressorDecodePlan(ratio, _empty(PLAN_ROW_BYTES, device), is_online=False)
         plan_d = plans_backend(device).decode_plan(ratio, req_pool_indices, req_to_token, full_to_state, seq,
@@ -117,6 +119,7 @@ class CompressorDecodePlan(_PlanBase):
         seq = V.check_lengths("seq_lens", seq_lens, req_pool_indices.shape[0], device, allow_cpu=False)
         V.check_slot_offset(state_slot_offset, req_to_token)
         V.check_decode_lengths(seq)
+        V.check_distinct_requests(req_pool_indices, seq)
         if seq.shape[0] == 0:
             return CompressorDecodePlan(128, _empty(PLAN_ROW_BYTES, device), is_online=True)
         plan_d = plans_backend(device).online_decode_plan(seq, req_pool_indices, state_slot_offset)
@@ -162,6 +165,7 @@ class CompressorPrefillPlan(_PlanBase):
         host_lengths = seq.device.type == "cpu"
         V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=host_lengths)
         V.check_positions_in_table(seq, req_to_token)
+        V.check_distinct_requests(req_pool_indices, seq)
         if ratio == 4 and not use_req_ring and batch and V.wants_value_checks(seq):
             # the planner reads positions [prefix - 4, seq) of each request (overlap window included)
             first = (seq - ext - ratio).clamp(min=0)
@@ -169,7 +173,8 @@ class CompressorPrefillPlan(_PlanBase):
             batch_of = torch.repeat_interleave(torch.arange(batch, device=seq.device), count)
             pos = torch.arange(int(count.sum()), device=seq.device) - (torch.cumsum(count, 0) - count)[batch_of]
             V.check_state_locations(req_pool_indices, req_to_token, full_to_state,
-                                    (pos + first[batch_of]).to(device), batch_of.to(device))
+                                    (pos + first[batch_of]).to(device), batch_of.to(device),
+                                    swa_page_size=swa_page_size, ring_size=ring_size)
         if batch == 0 or num_q_tokens == 0:
             return CompressorPrefillPlan(
                 ratio, _empty(PLAN_ROW_BYTES, device), _empty(WRITE_ROW_BYTES, device), is_online=False
@@ -202,6 +207,7 @@ class CompressorPrefillPlan(_PlanBase):
         seq, ext = seq.cpu(), ext.cpu()
         V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=True)
         V.check_positions_in_table(seq, req_to_token)
+        V.check_distinct_requests(req_pool_indices, seq)
         if batch == 0 or num_q_tokens == 0:
             return CompressorPrefillPlan(
                 128, _empty(PLAN_ROW_BYTES, device), _empty(PLAN_ROW_BYTES, device), is_online=True

@@ -60,6 +60,11 @@ def check_tensor(
 ) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         fail(arg, "a torch.Tensor", type(t).__name__, TypeError)
+    if t.is_meta:
+        fail(arg, "a tensor with data (cpu or cuda)", "a tensor on the meta device")
+    if t.requires_grad and torch.is_grad_enabled():
+        fail(arg, "a tensor that does not require grad (the ops are not differentiable: detach() it or "
+             "call under torch.no_grad() / torch.inference_mode())", "requires_grad=True")
     if isinstance(dtypes, torch.dtype):
         dtypes = (dtypes,)
     if t.dtype not in dtypes:
@@ -72,6 +77,23 @@ def check_tensor(
     if contiguous and not t.is_contiguous():
         fail(arg, "a contiguous tensor", f"strides {t.stride()} for shape {tuple(t.shape)}")
     return t
+
+
+def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+    """``[first, last)`` byte addresses ``t`` can touch (empty span for an empty tensor)."""
+    start = t.data_ptr()
+    if t.numel() == 0:
+        return start, start
+    extent = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    return start, start + extent * t.element_size()
+
+
+def check_no_overlap(arg: str, t: torch.Tensor, other_arg: str, other: torch.Tensor, why: str) -> None:
+    """``t`` and ``other`` (already checked tensors) must not share any byte of memory."""
+    a0, a1 = _byte_span(t)
+    b0, b1 = _byte_span(other)
+    if a0 < b1 and b0 < a1:
+        fail(arg, f"memory separate from {other_arg} ({why})", f"a tensor overlapping {other_arg}")
 
 
 def check_size(arg: str, t: torch.Tensor, dim: int, expected: int, what: str = "") -> None:
@@ -139,11 +161,19 @@ def check_state_locations(
     full_to_state: torch.Tensor,
     positions: torch.Tensor,
     batch_of_position: torch.Tensor | None = None,
+    *,
+    swa_page_size: int,
+    ring_size: int,
 ) -> None:
-    """Paged addressing: the full locs the planner looks up lie inside ``full_to_state``.
+    """Paged addressing: every position the plan reads or writes maps to a usable state row.
 
-    ``positions`` are the token positions the planner reads (``[B, k]`` per request,
-    or flat with ``batch_of_position``).  CPU / debug only (reads values).
+    ``positions`` are the token positions the planner looks up (``[B, k]`` per request,
+    or flat with ``batch_of_position``).  Their full locs must lie inside
+    ``full_to_state`` (else ``req_to_token`` is wrong), and the SWA locs found there
+    must be ``>= 0`` (``-1``: evicted from the SWA pool) with a state row that fits the
+    plan's int32 fields.  The planner does not know the state pool's row count: rows
+    past ``kv_score_buffer`` are rejected by ``compress_forward`` (naming ``plan``).
+    CPU / debug only (reads values).
     """
     if not positions.numel() or not wants_value_checks(req_pool_indices):
         return
@@ -151,11 +181,21 @@ def check_state_locations(
         rid = req_pool_indices[:, None].expand_as(positions)
     else:
         rid = req_pool_indices[batch_of_position]
-    full = req_to_token[rid, positions]
+    full = req_to_token[rid, positions].to(torch.int64)
     lo, hi = int(full.min()), int(full.max())
     if lo < 0 or hi >= full_to_state.shape[0]:
         fail("req_to_token", f"full locs in [0, {full_to_state.shape[0]}) (length of full_to_state) "
              "at the positions the plan reads", f"range [{lo}, {hi}]")
+    swa = full_to_state[full]
+    rows = torch.div(swa, swa_page_size, rounding_mode="trunc") * ring_size + torch.fmod(swa, ring_size)
+    bad = (swa < 0) | (rows > INT32_MAX)
+    if bool(bad.any()):
+        i = tuple(int(x) for x in bad.nonzero()[0])
+        loc, value = int(full[i]), int(swa[i])
+        what = "an SWA loc >= 0 (-1 marks an evicted token)" if value < 0 else \
+            f"an SWA loc whose state row fits an int32 (row {int(rows[i])})"
+        fail("full_to_state", f"{what} at every position the plan reads or writes",
+             f"full_to_state[{loc}] = {value} (request slot {int(rid[i])}, position {int(positions[i])})")
 
 
 def check_lengths(arg: str, t: object, batch: int, device: torch.device, *, allow_cpu: bool) -> torch.Tensor:
@@ -164,6 +204,27 @@ def check_lengths(arg: str, t: object, batch: int, device: torch.device, *, allo
         fail(arg, f"device {device}" + (" or cpu" if allow_cpu else ""), lens.device)
     check_size(arg, lens, 0, batch, "one per request")
     return lens
+
+
+def check_distinct_requests(req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    """A request slot appears once per batch; CUDA-graph padding rows (``seq_len`` 1) may share one.
+
+    Two real rows of one slot would write the same state rows (and, paged, the same
+    full locs) in one launch.  CPU / debug only (reads values); run after ``check_world``
+    (slots in range) and ``check_lengths``.
+    """
+    rpi = req_pool_indices
+    if rpi.shape[0] < 2 or not wants_value_checks(rpi):
+        return
+    counts = torch.bincount(rpi)
+    real = seq_lens.to(rpi.device) != 1
+    bad = (counts[rpi] > 1) & real
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        slot = int(rpi[i])
+        rows = (rpi == slot).nonzero().squeeze(1).tolist()
+        fail("req_pool_indices", "distinct request slots in one batch (only CUDA-graph padding rows, "
+             "seq_len 1, may share a slot)", f"slot {slot} at rows {rows[:4]}{' ...' if len(rows) > 4 else ''}")
 
 
 def check_ring(ratio: int, ring_size: object, swa_page_size: object, use_req_ring: object, paged: bool) -> None:
@@ -258,10 +319,17 @@ def check_compress_inputs(
     ape_rows = 8 if ratio == 4 else 128
     if tuple(ape_t.shape) != (ape_rows, head_dim):
         fail("ape", f"shape ({ape_rows}, {head_dim})", f"shape {tuple(ape_t.shape)}")
+    in_place = "the state pool is updated in place"
+    check_no_overlap("kv_score_input", inp, "kv_score_buffer", state, in_place)
+    check_no_overlap("ape", ape_t, "kv_score_buffer", state, in_place)
     if out is not None:
         out_t = check_tensor("out", out, dtypes=dtypes, ndim=2, device=device)
         if tuple(out_t.shape) != (plan_rows, head_dim):
             fail("out", f"shape ({plan_rows}, {head_dim}) (one row per plan row)", f"shape {tuple(out_t.shape)}")
+        written = "out is written while the others are read"
+        check_no_overlap("out", out_t, "kv_score_buffer", state, written)
+        check_no_overlap("out", out_t, "kv_score_input", inp, written)
+        check_no_overlap("out", out_t, "ape", ape_t, written)
     return inp, ape_t
 
 
@@ -289,7 +357,11 @@ def check_plan_indices(
         if values.numel():
             lo, hi = int(values.min()), int(values.max())
             if lo < 0 or hi >= bound:
-                fail("plan", f"{what} in [0, {bound})", f"range [{lo}, {hi}] ({arg})")
+                hint = ""
+                if what.startswith("state") and not online:
+                    hint = ("; state rows come from full_to_state (paged C4) or req_pool_indices * ring_size "
+                            "(request ring): size kv_score_buffer for all of them")
+                fail("plan", f"{what} in [0, {bound})", f"range [{lo}, {hi}] ({arg}){hint}")
 
     if decode is not None:
         in_range("write_loc", "state rows", decode["write_loc"], state_rows)
@@ -346,6 +418,7 @@ def check_store_args(
     loc, freq, fmt = check_store_targets(
         kv_t.device, D, plan_rows, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
         use_fp4, bf16_store, is_decode, fmt_for)
+    check_no_overlap("kv", kv_t, "kvcache", kvcache, "kvcache is written while kv is read")  # type: ignore[arg-type]
     return kv_t, loc, freq, fmt
 
 
@@ -389,6 +462,9 @@ def check_store_targets(
         fail("page_size", "a power of two", page_size)
     fmt = fmt_for(D, use_fp4, bf16_store)
     cache = check_tensor("kvcache", kvcache, dtypes=torch.uint8, ndim=2, device=device)
+    written = "kvcache is written while the others are read"
+    for name, t in (("norm_weight", w), ("freq_cis", freq), ("out_loc", loc)):
+        check_no_overlap(name, t, "kvcache", cache, written)
     row_bytes = fmt.data_bytes * page_size if fmt.scale_bytes == 0 else fmt.page_bytes(page_size)  # type: ignore[arg-type]
     if cache.shape[1] != row_bytes:
         fail("kvcache", f"[pages, {row_bytes}] ({fmt.name} page of {page_size} tokens)", f"shape {tuple(cache.shape)}")
@@ -404,6 +480,13 @@ def check_store_values(
     capacity = kvcache.shape[0] * page_size
     if lo < 0 or hi >= capacity:
         fail("out_loc", f"slots in [0, {capacity}) ({kvcache.shape[0]} pages of {page_size})", f"range [{lo}, {hi}]")
+    if dest.numel() > 1:
+        ordered = torch.sort(dest).values
+        same = ordered[1:] == ordered[:-1]
+        if bool(same.any()):
+            slot = int(ordered[1:][same][0])
+            fail("out_loc", "a distinct cache slot for every stored row",
+                 f"slot {slot} for {int((dest == slot).sum())} stored rows")
     plo, phi = int(positions.min()), int(positions.max())
     if plo < 0 or phi >= freq_rows:
         fail("freq_cis", f"> {phi} rows (largest RoPE position) and positions >= 0", f"{freq_rows} rows, positions [{plo}, {phi}]")
