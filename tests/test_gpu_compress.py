@@ -510,7 +510,7 @@ def _bad_cases():
         "input_device": (ValueError, "kv_score_input", with_(kv_score_input=lambda a: a["kv_score_input"].cpu())),
         "ape_shape": (ValueError, "ape", with_(ape=lambda a: a["ape"][:4])),
         "out_shape": (ValueError, "out", with_(out=lambda a: torch.empty((3, H), device="cuda"))),
-        "out_dtype": (TypeError, "out", with_(out=lambda a: torch.empty((2, H), device="cuda", dtype=torch.bfloat16))),
+        "out_dtype": (TypeError, "out", with_(out=lambda a: torch.empty((2, H), device="cuda", dtype=torch.float16))),
         "state_width": (ValueError, "kv_score_buffer", with_(kv_score_buffer=lambda a: a["kv_score_buffer"][:, :1024])),
     }
 

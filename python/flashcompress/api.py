@@ -48,6 +48,7 @@ class _Compress(NamedTuple):
 
 
 _PLAN_TYPES = (CompressorDecodePlan, CompressorPrefillPlan)
+_FLOATS = (torch.float32, torch.bfloat16)
 # (ratio, head_dim, online) -> (state width, state rows per page of the paged view)
 _LAYERS: dict[tuple[int, int, bool], tuple[int, int]] = {
     (4, 512, False): (2048, 4), (4, 128, False): (512, 4), (128, 512, False): (1024, 128),
@@ -63,13 +64,16 @@ def _fast_compress(
     buf = kv_score_buffer
     if not (type(buf) is torch.Tensor and buf.is_cuda and type(is_online) is bool
             and type(kv_score_input) is torch.Tensor and type(ape) is torch.Tensor
-            and type(plan) in _PLAN_TYPES and not debug_checks_enabled()):
+            and type(plan) in _PLAN_TYPES and (out is None or type(out) is torch.Tensor)
+            and not debug_checks_enabled()):
         return None
     layer = _LAYERS.get((compress_ratio, head_dim, is_online))  # type: ignore[arg-type]
     if layer is None or type(compress_ratio) is not int or type(head_dim) is not int:
         return None
     if plan.compress_ratio != compress_ratio or plan.is_online not in (None, is_online):
         return None
+    if buf.dtype not in _FLOATS or kv_score_input.dtype not in _FLOATS or (out is not None and out.dtype not in _FLOATS):
+        return None  # the full checks name the argument with the unsupported dtype
     if is_online and kv_score_input.dtype != torch.float32:
         return None
     # guards (attribute tests only): autograd inputs and an input inside the state pool take the full checks
