@@ -29,6 +29,7 @@ shares nothing with our backend.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -380,6 +381,14 @@ def test_simulated_engine_matches_model(name, seed):
     assert sum(r.entries_checked for r in res.reports) > 0
     for rep in res.reports:
         assert rep.max_rel_err <= 1e-5
+
+
+@pytest.mark.parametrize("name", ["c4_paged_ring8", "c4_reqring_ring16_spec", "c128_ring128", "c128_online"])
+def test_fused_compress_and_store_matches_model(name):
+    """compress_and_store in place of the two calls: every cache entry against the float64 model."""
+    res = S.simulate(dataclasses.replace(SCENARIOS[name], fused=True), device=DEVICE, seed=0)
+    assert res.ok, res.summary()
+    assert sum(r.entries_checked for r in res.reports) > 0
 
 
 def test_simulation_is_deterministic():

@@ -198,14 +198,13 @@ def compress_and_store(
 ) -> None:
     """Pool windows, update the state pool and store each compressed row into ``kvcache``."""
     if not one_launch(ratio, is_online, is_decode):
+        from ..torch_backend.ops import two_step
         from .store import compress_norm_rope_store
 
-        kv = torch.empty((plan_rows.shape[0], head_dim), dtype=inp.dtype, device=inp.device)
-        compress_forward(state, inp, ape, plan_rows, plan_w, kv, ratio=ratio, head_dim=head_dim, is_online=is_online)
-        if plan_rows.shape[0]:
-            compress_norm_rope_store(kv, plan_rows, is_decode=is_decode, ratio=ratio, norm_weight=norm_weight,
-                                     norm_eps=norm_eps, freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache,
-                                     page_size=page_size, fmt=fmt)
+        two_step(compress_forward, compress_norm_rope_store, state, inp, ape, plan_rows, plan_w, ratio=ratio,
+                 head_dim=head_dim, is_online=is_online, is_decode=is_decode, norm_weight=norm_weight,
+                 norm_eps=norm_eps, freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache, page_size=page_size,
+                 fmt=fmt)
         return
     if ape.dtype != inp.dtype:
         ape = ape.to(inp.dtype)
