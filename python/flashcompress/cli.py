@@ -4,6 +4,7 @@
     flashcompress cache info | list | verify [--delete-bad] | clean [--stale]
     flashcompress config [--markdown]
     flashcompress demo [ARGS ...]
+    flashcompress --version
 
 A SPEC is ``family[:name=value,...]``, e.g. ``plan:ratio=128,online=true``; params
 left out expand over the family's declared space (``plan`` = every plan variant).
@@ -142,12 +143,17 @@ def _isatty(out: TextIO) -> bool:
 
 def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
     from .jit import errors
-    from .jit.cache import jobs
-    from .jit.prewarm import run_prewarm, variant_set, warm_launch
+    from .jit.prewarm import prewarm_jobs, run_prewarm, variant_set, warm_launch, warm_launch_skipped
     from .jit.settings import get_settings
 
     if not (args.specs or args.model or args.all):
         print("flashcompress prewarm: give variant specs, --model or --all (see --help)", file=sys.stderr)
+        return 2
+    settings = get_settings()
+    if settings.offline and not (args.list or args.dry_run):
+        print(f"flashcompress prewarm: prewarm compiles, so it needs offline mode off, but offline is on "
+              f"(from {settings.origin('offline')}); run it with FLASHCOMPRESS_OFFLINE=0 on a machine with the "
+              f"toolchain. Nothing was written.", file=sys.stderr)
         return 2
     try:
         keys = variant_set(args.specs, models=args.model or (), all_variants=args.all, archs=args.arch)
@@ -173,10 +179,10 @@ def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{len(keys)} variant(s); nothing compiled (dry run)", file=out)
         return 0
 
-    n_jobs, note = jobs(args.jobs)
+    n_jobs, note = prewarm_jobs(args.jobs)
     if note:
         print(f"note: {note}", file=out)
-    print(f"prewarming {len(keys)} variant(s) with {n_jobs} job(s) into {get_settings().cache_dir}", file=out)
+    print(f"prewarming {len(keys)} variant(s) with {n_jobs} job(s) into {settings.cache_dir}", file=out)
     progress = Progress(len(keys), out)
     started = time.perf_counter()
     try:
@@ -185,10 +191,14 @@ def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
     finally:
         progress.close()
     wall = time.perf_counter() - started
-    if not args.no_warmup:
-        launched = warm_launch(results)
-        if launched:
-            print(f"warm-launched {launched} variant(s) on the GPU", file=out)
+    if args.no_warmup:
+        print("warm launch skipped (--no-warmup)", file=out)
+    else:
+        skipped = warm_launch_skipped(results)
+        if skipped:
+            print(f"warm launch skipped: {skipped}", file=out)
+        else:
+            print(f"warm-launched {warm_launch(results)} variant(s) on the GPU", file=out)
     rows = []
     for r in results:
         status = r.status if r.warmup is None or r.warmup == "ok" else "warmup-failed"
@@ -201,7 +211,14 @@ def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
     print(f"\n{len(results)} variant(s) in {wall:.1f} s: {summary}", file=out)
     failures = [r for r in results if not r.ok]
+    unwritable = [r for r in failures if isinstance(r.error, errors.CacheNotWritable)]
+    if unwritable:  # one cause for all of them: say it once
+        first = unwritable[0].error
+        reason = str(first).replace(f"cannot build JIT variant {first.variant}: ", "", 1)  # type: ignore[union-attr]
+        print(f"\nFAILED {len(unwritable)} variant(s): cannot build: {reason}", file=out)
     for r in failures:
+        if r in unwritable:
+            continue
         print(f"\nFAILED {r.key.describe()}", file=out)
         if r.error is not None:
             if isinstance(r.error, errors.BuildError):
@@ -302,7 +319,38 @@ def _cmd_config(args: argparse.Namespace, out: TextIO) -> int:
     _table(rows, ["setting", "value", "from"], out)
     print(f"\nuser config file: {user_config_path()}"
           f" ({'present' if user_config_path().is_file() else 'absent'})", file=out)
+    for label, value in _resolved_target_and_toolchain():
+        print(f"{label:<17}{value}", file=out)
     return 0
+
+
+def _resolved_target_and_toolchain() -> list[tuple[str, str]]:
+    """``config``'s last lines: the target variants are built for and the compilers that build them."""
+    from .jit.toolchain import ToolchainUnavailable, get_toolchain
+    from .jit.variant import detect_backend, detect_target
+
+    lines = []
+    try:
+        backend = detect_backend()
+        lines.append(("target:", detect_target()))
+    except Exception as exc:  # noqa: BLE001 - e.g. no GPU and no default arch
+        return [("target:", f"unresolved ({exc})")]
+    try:
+        tc = get_toolchain(backend, None)  # no cache root: nothing is written
+    except ToolchainUnavailable as exc:
+        return lines + [("toolchain:", f"unavailable ({exc}); prewarmed entries still load")]
+    lines.append((f"{tc.device_compiler.name}:", f"{tc.device_compiler}  ({_version_line(tc.device_version)})"))
+    lines.append(("host compiler:", f"{tc.host_compiler}  ({_version_line(tc.host_version)})"))
+    return lines
+
+
+def _version_line(text: str) -> str:
+    """The informative line of a ``--version`` output (nvcc: ``Cuda compilation tools, release ...``)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if "release" in line.lower():
+            return line
+    return lines[0] if lines else "version unknown"
 
 
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
@@ -322,8 +370,25 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
 # --------------------------------------------------------------------------- parser
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _version_text() -> str:
+    from . import __version__
+
+    return f"flashcompress {__version__}"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashcompress", description="flashcompress kernels: JIT cache tools.")
+    parser.add_argument("--version", action="version", version=_version_text())
     sub = parser.add_subparsers(dest="command", required=True)
 
     pre = sub.add_parser("prewarm", help="compile variants ahead of time",
@@ -335,9 +400,9 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--all", action="store_true", help="every variant of every family")
     pre.add_argument("--arch", action="append", metavar="ARCH",
                      help="target, e.g. 9.0a or gfx942 (repeatable); default: the GPU, else the configured defaults")
-    pre.add_argument("-j", "--jobs", type=int, default=0,
-                     help="parallel compiler processes (default: setting `jobs`, capped by cores and memory); "
-                          "an explicit N is still capped by available memory (~2 GiB per process), with a note")
+    pre.add_argument("-j", "--jobs", type=_positive_int, default=None, metavar="N",
+                     help="parallel compiler processes, N >= 1 (default: setting `jobs`); capped by CPU cores "
+                          "and available memory (~2 GiB per process), with a note")
     pre.add_argument("--list", action="store_true", help="print the variant set and exit")
     pre.add_argument("--dry-run", action="store_true", help="print the set with cache status; compile nothing")
     pre.add_argument("--force", action="store_true", help="rebuild even if cached")
@@ -363,6 +428,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flashcompress`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv == ["--version"]:
+        print(_version_text())
+        return 0
     if argv[:1] == ["demo"]:  # everything after `demo` belongs to the demo, options included
         args = argparse.Namespace(func=_cmd_demo, demo_args=argv[1:])
     else:

@@ -12,6 +12,7 @@ prewarms everything a deployment may need.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,8 @@ from .family import discover_families, get_family, parse_spec
 from .settings import get_settings
 from .variant import VariantKey, detect_backend, detect_target, normalize_target
 
-__all__ = ["PrewarmResult", "prewarm_targets", "run_prewarm", "variant_set", "warm_launch"]
+__all__ = ["PrewarmResult", "prewarm_jobs", "prewarm_targets", "run_prewarm", "variant_set", "warm_launch",
+           "warm_launch_skipped"]
 
 FAILED = "failed"
 
@@ -96,6 +98,30 @@ def variant_set(
     return list(keys)
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
+def prewarm_jobs(requested: int | None = None) -> tuple[int, str | None]:
+    """Compiler processes for a prewarm, and a note when a cap applied.
+
+    ``requested`` (``-j N``, N >= 1) or, when None, the ``jobs`` setting; either is capped by
+    available memory (~2 GiB per compiler, ``cache.jobs``) and by the CPU cores.
+    """
+    from .cache import jobs
+
+    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested < 1):
+        raise ValueError(f"jobs: expected an int >= 1, got {requested!r}")
+    n, note = jobs(requested or 0)
+    cores = _cores()
+    if requested and n > cores:
+        return cores, f"-j {requested} capped to {cores} by CPU cores"
+    return n, note
+
+
 def run_prewarm(
     keys: Iterable[VariantKey],
     *,
@@ -139,6 +165,18 @@ def run_prewarm(
         for future in [pool.submit(one, i, k) for i, k in enumerate(key_list)]:
             future.result()
     return [r for r in results if r is not None]
+
+
+def warm_launch_skipped(results: Sequence[PrewarmResult]) -> str | None:
+    """Why ``warm_launch`` would launch nothing (no GPU, no variant of its target), or None."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "no GPU visible (torch.cuda.is_available() is False): the first process that uses a variant loads it"
+    current = detect_target()
+    if not any(r.status != FAILED and r.key.target == current for r in results):
+        return f"no variant was built for this GPU's target {current}"
+    return None
 
 
 def warm_launch(results: Sequence[PrewarmResult]) -> int:

@@ -27,6 +27,8 @@ __all__ = ["SCHEMA", "Setting", "Settings", "SettingsError", "debug_checks_enabl
 
 ENV_PREFIX = "FLASHCOMPRESS_"
 CONFIG_ENV = "FLASHCOMPRESS_CONFIG"
+# FLASHCOMPRESS_* names that are not settings but are read elsewhere (the test suite's knobs)
+OTHER_ENV = ("FLASHCOMPRESS_PROPERTY_SEEDS", "FLASHCOMPRESS_TEST_DEVICE")
 
 
 class SettingsError(ValueError):
@@ -112,7 +114,8 @@ SCHEMA: tuple[Setting, ...] = (
             "`flashcompress prewarm` builds every one of them. Env: space- or comma-separated."),
     Setting("default_hip_archs", "list", "HIP targets for machines without a GPU."),
     Setting("jobs", "int", "Parallel compiler processes. 0: min(CPU cores, available memory / 2 GiB). "
-            "`prewarm -j N` overrides it; N is still capped by available memory (with a note)."),
+            "`prewarm -j N` (N >= 1) overrides it; N is still capped by CPU cores and available memory "
+            "(with a note)."),
     Setting("size_cap_mb", "int", "Soft cap on the cache size in MiB, enforced after each build by evicting "
             "other package versions first, then the least recently loaded entries. 0: unlimited."),
     Setting("lock_timeout_s", "int", "Seconds to wait for another process that is building the same "
@@ -224,6 +227,11 @@ class Settings:
             if setting.env in env:
                 values[setting.key] = setting.coerce(env[setting.env], setting.env)
                 origins[setting.key] = f"${setting.env}"
+        warn_unknown_environment(env)
+        if not values["cache_dir"]:
+            where = origins.get("cache_dir", str(default_path))
+            raise SettingsError(f"{where}: setting 'cache_dir' is empty (it would mean the current directory); "
+                                f"give a directory, or unset {_BY_KEY['cache_dir'].env} for the default")
         values["cache_dir"] = Path(os.path.expandvars(os.path.expanduser(values["cache_dir"])))
         return Settings(**values, origins=origins, config_files=tuple(files))
 
@@ -234,6 +242,29 @@ class Settings:
     def how_to_set(self, key: str) -> str:
         """A human hint naming both ways to change ``key``."""
         return f"set {_BY_KEY[key].env} or `{key}` in {user_config_path()}"
+
+
+def unknown_environment(environ: Mapping[str, str] | None = None) -> list[tuple[str, str | None]]:
+    """``(name, closest known name or None)`` for every ``FLASHCOMPRESS_*`` variable that is no setting."""
+    import difflib
+
+    env = os.environ if environ is None else environ
+    known = [s.env for s in SCHEMA] + [CONFIG_ENV, *OTHER_ENV]
+    out = []
+    suffixes = {k[len(ENV_PREFIX):]: k for k in known}
+    for name in sorted(n for n in env if n.startswith(ENV_PREFIX) and n not in known):
+        close = difflib.get_close_matches(name[len(ENV_PREFIX):], list(suffixes), n=1, cutoff=0.6)
+        out.append((name, suffixes[close[0]] if close else None))
+    return out
+
+
+def warn_unknown_environment(environ: Mapping[str, str] | None = None) -> None:
+    """Warn (``UserWarning``) about each unknown ``FLASHCOMPRESS_*`` variable, naming the closest setting."""
+    import warnings
+
+    for name, close in unknown_environment(environ):
+        hint = f"did you mean {close}?" if close else "`flashcompress config` lists the settings"
+        warnings.warn(f"{name} is not a flashcompress setting and is ignored; {hint}", UserWarning, stacklevel=3)
 
 
 _CURRENT: Settings | None = None
@@ -321,7 +352,8 @@ def markdown_table() -> str:
         "`$XDG_CONFIG_HOME/flashcompress/config.toml`, else `~/.config/flashcompress/config.toml`; flat "
         "`key = value` lines), then the environment variable. Booleans accept `1/0/true/false/yes/no/on/off`. "
         "Settings are read once per process. `flashcompress config` prints the effective values and "
-        "where each came from.",
+        "where each came from. An unknown `FLASHCOMPRESS_*` variable gets a warning naming the closest "
+        "setting; an empty `cache_dir` is an error (not the current directory).",
         "",
         "| environment variable | config key | default | meaning |",
         "| --- | --- | --- | --- |",
