@@ -499,8 +499,6 @@ def test_read_only_commands_import_no_tvm_ffi(private_env: dict[str, str]) -> No
     assert _imports_of(private_env, "cache", "list") == []
 
 
-@pytest.mark.xfail(strict=True, reason="engine.resolve imports tvm_ffi for its version (part of the input digest), "
-                                       "which cache info|list need to tell current from stale entries")
 def test_cache_info_of_entries_imports_no_tvm_ffi(private_env: dict[str, str]) -> None:
     _fake_plan_entry(Path(private_env["FLASHCOMPRESS_CACHE_DIR"]))
     assert "tvm_ffi" not in _imports_of(private_env, "cache", "info")

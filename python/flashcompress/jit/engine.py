@@ -26,6 +26,8 @@ build leaves only a ``.staging-*`` directory, which no reader looks at.
 
 from __future__ import annotations
 
+import functools
+
 import json
 import logging
 import os
@@ -117,16 +119,27 @@ class Resolved:
         return [Layout(self.settings.cache_dir, self.key.module_name, self.input_dir, p.name) for p in dirs]
 
 
+@functools.lru_cache(maxsize=None)
+def _tvm_ffi_version() -> str:
+    """The installed apache-tvm-ffi version, from its metadata (no import: ``cache info`` stays light)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("apache-tvm-ffi")
+    except PackageNotFoundError:  # a source checkout of tvm-ffi without dist metadata
+        import tvm_ffi
+
+        return str(tvm_ffi.__version__)
+
+
 def resolve(key: VariantKey) -> Resolved:
     """The digests and cache paths of ``key`` (no compiler runs; ``--version`` outputs are memoised)."""
     family = get_family(key.family)
     settings = get_settings()
-    import tvm_ffi
-
     inputs = {"recipe": ENGINE_RECIPE, "package": package_version(), "family": family.name,
               "sources": [list(pair) for pair in family.sources], "exports": list(family.exports),
               "params": [list(item) for item in key.params], "target": key.target, "files": sources_digest(),
-              "flags": logical_flags(family, key), "tvm_ffi": str(tvm_ffi.__version__)}
+              "flags": logical_flags(family, key), "tvm_ffi": _tvm_ffi_version()}
     input_digest = digest(inputs)
     input_dir = settings.cache_dir / package_version() / target_tag(key.target) / key.module_name / input_digest
     try:
