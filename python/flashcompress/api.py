@@ -93,16 +93,16 @@ def _fast_compress(
                      compress_ratio, head_dim, is_online)
 
 
-def _fast_store(kv_device: torch.device, D: int, plan: object, norm_eps: object, freq_cis: object,
-                use_fp4: object, bf16_store: object) -> CacheFormat | None:
+def _fast_store(kv_device: torch.device, D: int, plan: object, norm_weight: object, norm_eps: object,
+                freq_cis: object, use_fp4: object, bf16_store: object) -> CacheFormat | None:
     """The CUDA short path of a store: the cache format, or None to run the full checks."""
     if not (kv_device.type == "cuda" and type(plan) in _PLAN_TYPES and type(use_fp4) is bool
             and type(bf16_store) is bool and type(norm_eps) is float and 0.0 < norm_eps < 1.0
             and type(freq_cis) is torch.Tensor and freq_cis.dtype == torch.complex64
             and not debug_checks_enabled()):
         return None
-    if torch.is_grad_enabled() and freq_cis.requires_grad:  # guard: the full checks name it
-        return None
+    if torch.is_grad_enabled() and (freq_cis.requires_grad or getattr(norm_weight, "requires_grad", False)):
+        return None  # guard: the full checks name the argument
     if D == 128 and not bf16_store:
         return select_cache_format(D, use_fp4, False)
     if D == 512 and not use_fp4:
@@ -240,9 +240,8 @@ def _run_compress_norm_rope_store(
     kvcache: object, page_size: object, use_fp4: object, bf16_store: object,
 ) -> None:
     """Validation + dispatch of ``compress_norm_rope_store`` (also the torch.compile op's implementation)."""
-    if type(kv) is torch.Tensor and kv.dim() == 2 and not (  # guard: autograd inputs take the full checks
-            torch.is_grad_enabled() and (kv.requires_grad or getattr(norm_weight, "requires_grad", False))):
-        fmt = _fast_store(kv.device, kv.shape[1], plan, norm_eps, freq_cis, use_fp4, bf16_store)
+    if type(kv) is torch.Tensor and kv.dim() == 2 and not (torch.is_grad_enabled() and kv.requires_grad):
+        fmt = _fast_store(kv.device, kv.shape[1], plan, norm_weight, norm_eps, freq_cis, use_fp4, bf16_store)
         if fmt is not None:
             plan_rows = plan[1]  # type: ignore[index]
             if plan_rows.shape[0]:
@@ -310,7 +309,8 @@ def _run_compress_and_store(
 ) -> None:
     """Validation + dispatch of ``compress_and_store`` (also the torch.compile op's implementation)."""
     c = _fast_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, None, is_online)
-    fmt = None if c is None else _fast_store(c.state.device, c.head_dim, plan, norm_eps, freq_cis, use_fp4, bf16_store)
+    fmt = None if c is None else _fast_store(c.state.device, c.head_dim, plan, norm_weight, norm_eps, freq_cis, use_fp4,
+                                                bf16_store)
     if c is not None and fmt is not None:
         loc, freq = out_loc, freq_cis
     else:
