@@ -55,6 +55,9 @@
 // Store epilogue: the team writes its rounded row slice to shared memory (the cluster leader's,
 // through distributed shared memory, when kCSplit > 1); warp 0 of the leader loads the canonical
 // warp layout (lane l holds dims 128j + 4l + i) and calls store::store_row.
+// HIP (no clusters, no PDL): a stored C128 row is one 512-thread block (Cfg::kHipWholeRow), a
+// "warp" is 32 aligned lanes (half a wave64; shuffles take a width), 32-thread teams sync with a
+// wavefront barrier; the rest is the CUDA code.
 #pragma once
 
 #include <cstdint>
@@ -127,10 +130,21 @@ struct Cfg {
   // blocks, 16 splits of 8 entries: fewer, longer-lived blocks for bandwidth).
   static constexpr bool kOnlineDecode = kOnline && kDecode;
   static constexpr bool kWide = kRatio == 128 && !kOnlineDecode;
+#if FC_GPU_HIP
+  // HIP has no thread block clusters: a C128 row that is stored is pooled by one block (the
+  // whole row, 4 splits of 32 entries, 512 threads); rows that are not stored tile as on CUDA.
+  static constexpr bool kHipWholeRow = kWide && kStoreRows;
+  static constexpr int kChans = (!kWide || kHipWholeRow) ? H : (kDecode ? 64 : 128);
+#else
   static constexpr int kChans = !kWide ? H : (kDecode ? 64 : 128);
+#endif
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
+#if FC_GPU_HIP
+  static constexpr int kSplit = !kWide ? 1 : (kHipWholeRow ? 4 : (kDecode ? 32 : 16));
+#else
   static constexpr int kSplit = !kWide ? 1 : (kDecode ? 32 : 16);
+#endif
   static constexpr int kPerSplit = kEntries / kSplit;
   // Entries whose loads are in flight together (registers: 3 x 4 values per entry). 512-thread
   // blocks run two per SM within 64 registers; C4 prefill runs 6 blocks of 128 per SM.
@@ -139,7 +153,17 @@ struct Cfg {
   static constexpr int kTeamThreads = kVecs * kSplit;
   static constexpr int kTeams = kTeamThreads >= 128 ? 1 : 128 / kTeamThreads;
   static constexpr int kThreads = kTeams * kTeamThreads;
+#if FC_GPU_HIP
+  // __launch_bounds__' second argument is the minimum waves per SIMD on HIP, not blocks per SM:
+  // the same residency (2 blocks of 512, 6 of 128 for C4 prefill) on a CDNA CU (4 SIMDs,
+  // wave64). Batches of a split unrolled at once: the 16 batches of a whole-row split, fully
+  // unrolled, spill (clang-19, gfx942 decode: 256 VGPRs + scratch; not unrolled: 127, none).
+  static constexpr int kMinBlocks0 = kThreads >= 512 ? 2 : (kRatio == 4 && !kDecode ? 6 : 1);
+  static constexpr int kMinBlocks = kMinBlocks0 * kThreads / 256 > 1 ? kMinBlocks0 * kThreads / 256 : 1;
+  static constexpr int kHipUnroll = kHipWholeRow ? 1 : kPerSplit / kBatch;
+#else
   static constexpr int kMinBlocks = kThreads >= 512 ? 2 : (kRatio == 4 && !kDecode ? 6 : 1);
+#endif
   static constexpr bool kCluster = kCSplit > 1 && kStoreRows;
   // Combining the splits: kLanes consecutive threads per channel, each merging kSplit / kLanes
   // partials, then a butterfly over the kLanes lanes.
@@ -262,7 +286,11 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
   using RawIn = Vec<TIn, 4>;
   using RawState = Vec<TState, 4>;
   constexpr int B = C::kBatch;
+#if FC_GPU_HIP
+#pragma unroll C::kHipUnroll
+#else
 #pragma unroll
+#endif
   for (int b0 = 0; b0 < C::kPerSplit; b0 += B) {
     // Where each entry comes from: 0 = padding, 1 = input row, 2 = state row, 3 = the state row
     // this launch writes (read from its input row, rounded through TState).
@@ -359,7 +387,12 @@ __device__ __forceinline__ void team_sync() {
     __syncthreads();
   } else {
 #if FC_GPU_HIP
-    __syncthreads();  // teams never diverge at a barrier on HIP builds (kTeams == 1 there)
+    // A 32-thread team is 32 aligned lanes of one wavefront (wave32 or wave64), which executes
+    // in lockstep: order its shared-memory accesses (wavefront-scope fences) and keep the
+    // compiler from moving them across (wave barrier). Teams may diverge, so no __syncthreads.
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
 #else
     __syncwarp();
 #endif
@@ -469,10 +502,20 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
     team_sync<C>();
     const int k = u / C::kLanes, lane = u % C::kLanes;
     Acc r = acc_empty();
+#if FC_GPU_HIP
+    // The same partials in the same order, with a constant trip count (clang warns that it cannot
+    // unroll the loop below, whose start is the lane).
+#pragma unroll
+    for (int j = 0; j < C::kSplit / C::kLanes; ++j) {
+      const int sp = lane + j * C::kLanes;
+      r = acc_merge<C::kFastExp>(r, Acc{sm.m[team][sp][k], sm.s[team][sp][k], sm.n[team][sp][k]});
+    }
+#else
 #pragma unroll
     for (int sp = lane; sp < C::kSplit; sp += C::kLanes) {
       r = acc_merge<C::kFastExp>(r, Acc{sm.m[team][sp][k], sm.s[team][sp][k], sm.n[team][sp][k]});
     }
+#endif
 #pragma unroll
     for (int mask = C::kLanes / 2; mask >= 1; mask /= 2) {
       const Acc o{shfl_xor(r.m, mask, C::kLanes), shfl_xor(r.s, mask, C::kLanes),

@@ -14,7 +14,7 @@
 #include "gpu_runtime.h"
 
 #if FC_GPU_HIP
-#include <hip/hip_bfloat16.h>
+#include "quant.cuh"  // bf16 <-> fp32 (our own helpers: HIP 5.2 has no hip_bf16.h)
 #else
 #include <cuda_bf16.h>
 #endif
@@ -24,7 +24,11 @@
 namespace flashcompress {
 
 #if FC_GPU_HIP
-using bf16_t = hip_bfloat16;
+// bf16 bit pattern; converted by quant.cuh's bf16_bits (RNE, NaN -> 0x7FFF, as
+// __float2bfloat16_rn on CUDA) and bf16_to_float.
+struct alignas(2) bf16_t {
+  uint16_t bits;
+};
 #else
 using bf16_t = __nv_bfloat16;
 #endif
@@ -45,7 +49,11 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& x) {
 }
 
 __device__ __forceinline__ float to_float(float x) { return x; }
+#if FC_GPU_HIP
+__device__ __forceinline__ float to_float(bf16_t x) { return quant::bf16_to_float(x.bits); }
+#else
 __device__ __forceinline__ float to_float(bf16_t x) { return static_cast<float>(x); }
+#endif
 
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
@@ -54,7 +62,7 @@ __device__ __forceinline__ float from_float<float>(float x) { return x; }
 template <>
 __device__ __forceinline__ bf16_t from_float<bf16_t>(float x) {
 #if FC_GPU_HIP
-  return bf16_t::round_to_bfloat16(x);
+  return bf16_t{quant::bf16_bits(x)};
 #else
   return __float2bfloat16_rn(x);
 #endif
