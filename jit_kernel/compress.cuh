@@ -34,14 +34,18 @@
 //   the window, then emits (compress list) or stores the state (write list).
 //
 // Thread mapping. A "team" computes one row's slice of kChans channels: thread (split s,
-// vector v) owns channels 4v..4v+3 of the slice and window entries [s*W/kSplit, (s+1)*W/kSplit)
-// (8 entries, all loads in flight at once), keeps a running (max, sum, weighted sum), and the
-// team combines its splits through shared memory; then each thread finishes channels
-// u, u + team size, ... (coalesced). kCSplit = H / kChans blocks (one thread block cluster on
-// SM90 when storing) share a row:
-//   C4 H=512: 128 threads, 1 team, whole row          C4 H=128: 4 teams of 32 threads
-//   C128 / online prefill: 512 threads, kChans 128, kSplit 16, cluster of 4
+// vector v) owns channels 4v..4v+3 of the slice and window entries [s*W/kSplit, (s+1)*W/kSplit),
+// issued kBatch entries at a time (every load of a batch before the first use), and keeps a
+// running (max, sum, weighted sum). With one split the thread finishes its channels itself;
+// otherwise the partials go through shared memory and kLanes threads per channel merge them
+// with a butterfly. kCSplit = H / kChans blocks share a row (a thread block cluster on SM90
+// when the row is stored):
+//   C4 H=512: 128 threads, whole row, 8 entries each  C4 H=128: 4 teams of 32 threads
+//   C128 decode: 512 threads, kChans 64, 32 splits of 4 entries (8 blocks per row)
+//   C128 / online prefill: 512 threads, kChans 128, 16 splits of 8 entries (4 blocks per row)
 //   online decode: 128 threads, whole row, 1 entry
+// (tiling chosen by an A/B run on the H200: benchmarks/RESULTS.md). cuda_ops/compress.py
+// launches the store variants only where one launch measured faster (ratio 4, online decode).
 // Decode: a team (block, cluster) handles a run of consecutive requests, as many as make the
 // grid one wave of resident blocks: it writes its share of each request's input row into the
 // state (row write_loc), then pools each request that closes a window (C4: seq_len % 4 == 0;
