@@ -742,6 +742,9 @@ def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 
 def git_commit() -> str:
+    """HEAD's short hash; FC_COMMIT names it where the tree is a copy without .git (a lent GPU)."""
+    if os.environ.get("FC_COMMIT"):
+        return os.environ["FC_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=_REPO, capture_output=True, text=True,
                              timeout=10)

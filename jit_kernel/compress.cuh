@@ -807,17 +807,40 @@ unsigned row_grid(int64_t rows, int64_t rows_per_team) {
 }
 
 // Blocks of `kernel` the device runs at once (queried once per kernel; the current device's).
+// A cluster kernel counts whole clusters of `cluster` blocks: a cluster must fit in one GPC, so
+// fewer blocks than SMs x blocks-per-SM may be resident (H200: 8-block clusters of 512-thread
+// blocks leave some SMs' slots unusable), and a grid sized from the per-SM figure would run one
+// cluster in a second wave.
 template <typename Kernel>
-int64_t resident_blocks(Kernel kernel, int threads) {
+int64_t resident_blocks(Kernel kernel, int threads, int cluster) {
   static const int64_t blocks = [&] {
     int dev = 0, sms = 0, per_sm = 0;
 #if FC_GPU_HIP
+    (void)cluster;
     if (hipGetDevice(&dev) != hipSuccess ||
         hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, dev) != hipSuccess ||
         hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != hipSuccess) {
       return int64_t{1};
     }
 #else
+    if (cluster > 1) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = dim3(static_cast<unsigned>(cluster));
+      cfg.blockDim = dim3(static_cast<unsigned>(threads));
+      cudaLaunchAttribute attr{};
+      attr.id = cudaLaunchAttributeClusterDimension;
+      attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+      attr.val.clusterDim.y = 1;
+      attr.val.clusterDim.z = 1;
+      cfg.attrs = &attr;
+      cfg.numAttrs = 1;
+      int clusters = 0;
+      if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess || clusters <= 0) {
+        (void)cudaGetLastError();
+        return int64_t{cluster};
+      }
+      return static_cast<int64_t>(clusters) * cluster;
+    }
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0) != cudaSuccess) {
@@ -842,7 +865,7 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt>::r
     // closes no window costs only its row copy, so fewer, fuller blocks finish sooner.
     using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kDecode>;
     constexpr int64_t kWaves = FC_DECODE_WAVES;
-    const int64_t teams = kWaves * resident_blocks(decode_kernel<C>, C::kThreads) / C::kCSplit * C::kTeams;
+    const int64_t teams = kWaves * resident_blocks(decode_kernel<C>, C::kThreads, C::kCluster ? C::kCSplit : 1) / C::kCSplit * C::kTeams;
     CompressArgs d = a;
     d.reqs_per_team = teams > 0 ? (a.rows + teams - 1) / teams : 1;
     return launch(decode_kernel<C>, row_grid<C>(a.rows, d.reqs_per_team), C::kThreads,

@@ -19,6 +19,7 @@
 #   FC_MODEL            model for prewarm (default deepseek-v4-flash)
 #   FC_DRY_RUN=1        print the commands instead of running them (tests/test_workflows.py)
 #   PYTHON              interpreter (default python3)
+#   FC_COMMIT           the commit to report where the tree has no .git (default: git rev-parse)
 #
 # Exit status: 0 if every selected step passed (or was skipped with a note), else 1.
 set -uo pipefail
@@ -111,7 +112,7 @@ if [ "$DRY" != "1" ]; then
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || echo "nvidia-smi not found"
     "$PY" -c "import torch, tvm_ffi; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'tvm_ffi', tvm_ffi.__version__, 'gpu', torch.cuda.is_available())"
     "$CUDA_HOME/bin/nvcc" --version 2>/dev/null | tail -1 || echo "nvcc not found under $CUDA_HOME"
-    git log --oneline -1 2>/dev/null || true
+    echo "commit ${FC_COMMIT:-$(git log --oneline -1 2>/dev/null || echo unknown)}"
   } 2>&1 | tee -a "$LOG"
 fi
 T_START=$SECONDS
@@ -194,7 +195,7 @@ fi
 {
   echo "# gpu_check summary"
   echo
-  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown), steps: $FC_STEPS, total $((SECONDS - T_START)) s"
+  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ), commit ${FC_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}, steps: $FC_STEPS, total $((SECONDS - T_START)) s"
   echo
   echo "| step | status | seconds | note |"
   echo "| --- | --- | --- | --- |"
