@@ -382,7 +382,10 @@ struct Smem {
   float m[C::kTeams][kParts][kPartChans];
   float s[C::kTeams][kParts][kPartChans];
   float n[C::kTeams][kParts][kPartChans];
-  float row[C::kTeams][C::kStoreRows ? C::H : 1];  // store epilogue: the rounded row
+  float row[C::kTeams][C::kStoreRows ? C::H : 1];  // store epilogue: the rounded row (this block's slice)
+  // Cluster store: every block's fp64 sum of squares of its slice, written by each block into
+  // every block's copy (slot [row parity][rank]; two slots, so one cluster barrier per row).
+  double ss[C::kCluster ? 2 : 1][C::kCluster ? C::kCSplit : 1];
 };
 
 template <class C>
@@ -401,29 +404,6 @@ __device__ __forceinline__ void team_sync() {
     __syncwarp();
 #endif
   }
-}
-
-// The threads of one row: the block, or the cluster of kCSplit blocks when storing.
-template <class C>
-__device__ __forceinline__ void row_sync() {
-#if !FC_GPU_HIP
-  if constexpr (C::kCluster) {
-    cooperative_groups::this_cluster().sync();
-    return;
-  }
-#endif
-  team_sync<C>();
-}
-
-// Where this block writes its slice of the rounded row (the cluster leader's shared memory).
-template <class C>
-__device__ __forceinline__ float* row_dst(Smem<C>& sm, int team) {
-#if !FC_GPU_HIP
-  if constexpr (C::kCluster) {
-    return cooperative_groups::this_cluster().map_shared_rank(&sm.row[0][0], 0);
-  }
-#endif
-  return &sm.row[team][0];
 }
 
 // ------------------------------------------------------------------------------------------
@@ -484,7 +464,7 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   const auto* input = static_cast<const TIn*>(a.input);
   const auto* ape = static_cast<const TIn*>(a.ape);
   const int chan0 = rank * C::kChans;
-  float* row = C::kStoreRows ? row_dst<C>(sm, team) : nullptr;
+  float* row = C::kStoreRows ? &sm.row[team][0] : nullptr;
 
   // Phase 1: each (split, vector) thread pools its entries for 4 channels.
   const int v = u % C::kVecs, split = u / C::kVecs;
@@ -531,13 +511,49 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   }
 }
 
-// Warp 0 of the row's leader block stores the gathered row.
+// Store the pooled row. One block per row (kCSplit 1): warp 0 loads the canonical warp layout
+// from shared memory and calls store::store_row. A cluster (kCSplit blocks of kChans channels):
+// warp 0 of every block stores its own slice; the blocks only exchange their slices' fp64 sums of
+// squares through distributed shared memory, behind one cluster barrier. `parity` alternates per
+// stored row of a team (the slot the partial sums go to).
 template <class C>
-__device__ __forceinline__ void store_gathered_row(const RowTarget& t, const CompressArgs& a,
-                                                   Smem<C>& sm, int team, int u, int rank) {
+__device__ __forceinline__ void store_pooled_row(const RowTarget& t, const CompressArgs& a, Smem<C>& sm,
+                                                 int team, int u, int rank, int parity) {
   if constexpr (C::kStoreRows) {
-    row_sync<C>();
-    if (rank == 0 && u < 32) {
+    team_sync<C>();  // the row (slice) is complete in shared memory
+#if !FC_GPU_HIP
+    if constexpr (C::kCluster) {
+      constexpr int kSlice = C::kChans;
+      const int dim0 = rank * kSlice, j = dim0 / 128, lane = u;
+      const bool warp0 = u < 32;
+      float y[4] = {0.f, 0.f, 0.f, 0.f};
+      store::detail::BlockOperands ops{};
+      if (warp0) {
+        if (store::slice_lane<kSlice>(dim0, lane)) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) y[i] = sm.row[team][128 * j + 4 * lane + i];
+        }
+        ops = store::detail::block_operands<C::H>(a.store, j, lane, t.position);
+        const double part = store::slice_sum_squares(y);
+        if (lane < C::kCSplit) {
+          auto cluster = cooperative_groups::this_cluster();
+          *cluster.map_shared_rank(&sm.ss[parity][rank], lane) = part;
+        }
+      }
+      cooperative_groups::this_cluster().sync();  // every block's partial sum has landed
+      if (warp0) {
+        double ss = 0.0;
+#pragma unroll
+        for (int r = 0; r < C::kCSplit; ++r) ss += sm.ss[parity][r];
+        store::store_slice<C::H, C::kFmt, kSlice>(y, ops, lane, dim0, ss, t.loc, a.store);
+      }
+      team_sync<C>();  // the row buffer is reused by the team's next row
+      return;
+    }
+#endif
+    (void)rank;
+    (void)parity;
+    if (u < 32) {
       float v[C::H / 32];
 #pragma unroll
       for (int j = 0; j < C::H / 128; ++j) {
@@ -546,7 +562,7 @@ __device__ __forceinline__ void store_gathered_row(const RowTarget& t, const Com
       }
       store::store_row<C::H, C::kFmt>(v, u, t.position, t.loc, a.store);
     }
-    row_sync<C>();  // the row buffer is reused by the next row
+    team_sync<C>();  // the row buffer is reused by the team's next row
   }
 }
 
@@ -621,6 +637,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   if constexpr (!C::kOnline) {
     copy_rows_share<C>(a, first, last, u, rank);
   }
+  int parity = 0;                            // store slot of the cluster's partial sums
   for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
     const DecodePlan p = plan[b];
     RowTarget t{};
@@ -661,7 +678,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
     t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
     pool_row<C>(w, t, a, sm, team, u, rank);
     if (t.emit) {
-      store_gathered_row<C>(t, a, sm, team, u, rank);
+      store_pooled_row<C>(t, a, sm, team, u, rank, parity);
+      parity ^= 1;
     } else if constexpr (!C::kStoreRows) {
       zero_out_row<C>(a, b, u, rank);
     }
@@ -717,7 +735,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
     pdl_wait();
   }
   pool_row<C>(w, t, a, sm, team, u, rank);
-  store_gathered_row<C>(t, a, sm, team, u, rank);
+  store_pooled_row<C>(t, a, sm, team, u, rank, 0);
   if constexpr (!kWriteList) pdl_launch_dependents();
 }
 

@@ -185,29 +185,31 @@ FC_STORE_FN Entry entry_at(const StoreArgs& args, int64_t loc) {
           base + (int64_t{T::kDataBytes} << args.page_shift) + slot * T::kScaleBytes};
 }
 
-// ------------------------------------------------------------------ encoders
+// ------------------------------------------------------------------ encoders (one 128-dim block)
 
-// V4: 7 e4m3 tiles of 64 dims (tile k = block k/2, lanes 16*(k%2)..+15) + 64 bf16 rope dims.
-FC_STORE_FN void encode_v4(const float (&y)[16], int lane, const Entry& e) {
+// V4 block j (dims 128j .. 128j+127): e4m3 tiles 2j (lanes 0-15) and 2j+1 (lanes 16-31); block 3,
+// lanes 16-31: the 64 bf16 RoPE dims. Lanes with `active` false take part in the butterfly (their
+// values are zeros) and store nothing.
+FC_STORE_FN void encode_v4_block(const float (&y)[4], int j, int lane, bool active, const Entry& e) {
   const int half = lane >> 4;
+  float u[4];
 FC_STORE_UNROLL
-  for (int j = 0; j < 4; ++j) {
-    float u[4];
-FC_STORE_UNROLL
-    for (int i = 0; i < 4; ++i) u[i] = quant::bf16_round(y[4 * j + i]);
-    // every lane takes part in the butterfly; the rope lanes' result of block 3 is unused
-    const float amax = fmaxf(lanes_max<16>(abs_max4(u)), kAmaxFloor);
-    const uint32_t exp = quant::ue8m0_ceil(quant::div_rn(amax, quant::kE4m3Max));
-    const float inv = quant::inv_ue8m0(exp);
-    const bool rope = j == 3 && half == 1;
-    if (!rope) {
-      store_u32(e.data + 128 * j + 4 * lane,
-                quant::pack_fp8x4(u[0] * inv, u[1] * inv, u[2] * inv, u[3] * inv));
-      if ((lane & 15) == j) e.scales[2 * j + half] = static_cast<uint8_t>(exp);
-    } else {
-      store_u64(e.data + 448 + 8 * (lane - 16), bf16x4(&y[12]));
-    }
+  for (int i = 0; i < 4; ++i) u[i] = quant::bf16_round(y[i]);
+  // every lane takes part in the butterfly; the rope lanes' result of block 3 is unused
+  const float amax = fmaxf(lanes_max<16>(abs_max4(u)), kAmaxFloor);
+  const uint32_t exp = quant::ue8m0_ceil(quant::div_rn(amax, quant::kE4m3Max));
+  const float inv = quant::inv_ue8m0(exp);
+  if (!active) return;
+  if (!(j == 3 && half == 1)) {
+    store_u32(e.data + 128 * j + 4 * lane, quant::pack_fp8x4(u[0] * inv, u[1] * inv, u[2] * inv, u[3] * inv));
+    if ((lane & 15) == j) e.scales[2 * j + half] = static_cast<uint8_t>(exp);
+  } else {
+    store_u64(e.data + 448 + 8 * (lane - 16), bf16x4(y));
   }
+}
+
+FC_STORE_FN void encode_bf16_block(const float (&y)[4], int j, int lane, bool active, const Entry& e) {
+  if (active) store_u64(e.data + 256 * j + 8 * lane, bf16x4(y));
 }
 
 FC_STORE_FN void encode_index_fp8(const float (&h)[4], int lane, const Entry& e) {
@@ -228,11 +230,6 @@ FC_STORE_UNROLL
   for (int i = 0; i < 4; ++i) c[i] = quant::e2m1_threshold(h[i] * inv);
   store_u16(e.data + 2 * lane, c[0] | (c[1] << 4) | (c[2] << 8) | (c[3] << 12));
   if ((lane & 7) == 0) e.scales[lane >> 3] = static_cast<uint8_t>(exp);
-}
-
-FC_STORE_FN void encode_bf16(const float (&y)[16], int lane, const Entry& e) {
-FC_STORE_UNROLL
-  for (int j = 0; j < 4; ++j) store_u64(e.data + 256 * j + 8 * lane, bf16x4(&y[4 * j]));
 }
 
 // ------------------------------------------------------------------ transforms
@@ -259,99 +256,185 @@ FC_STORE_UNROLL
   for (int i = 0; i < 4; ++i) v[i] *= scale;
 }
 
+// ------------------------------------------------------------------ norm and RoPE of one block
+
+// What a lane needs to finish its 4 dims 128j + 4 lane + i of a block: the norm weight and, on a
+// RoPE lane (lanes 16-31 of the last block), the (cos, sin) pairs of its two dim pairs. Loaded
+// before the reduction that gives the norm factor, so the loads overlap it.
+struct BlockOperands {
+  float w[4];
+  Vec<float, 4> cs;
+  bool rope;
+};
+
+template <int kHeadDim>
+FC_STORE_FN BlockOperands block_operands(const StoreArgs& args, int j, int lane, int64_t position) {
+  BlockOperands o;
+  if (args.norm_weight_bf16 != nullptr) {
+    load4_bf16(args.norm_weight_bf16 + 128 * j + 4 * lane, o.w);
+  } else {
+    const Vec<float, 4> w = load4(args.norm_weight + 128 * j + 4 * lane);
+FC_STORE_UNROLL
+    for (int i = 0; i < 4; ++i) o.w[i] = w.v[i];
+  }
+  o.rope = j == kHeadDim / 128 - 1 && lane >= 16;
+  o.cs = Vec<float, 4>{{1.0f, 0.0f, 1.0f, 0.0f}};
+  if (o.rope) o.cs = load4(args.freq + position * kRopeDim + 4 * (lane - 16));
+  return o;
+}
+
+// nf = fp32(1 / sqrt(fp64(fp32(ss) / H + eps))) from the row's fp64 sum of squares.
+template <int kHeadDim>
+FC_STORE_FN float norm_factor(double ss, float eps) {
+  const float mean = quant::div_rn(static_cast<float>(ss), static_cast<float>(kHeadDim)) + eps;
+  return static_cast<float>(1.0 / sqrt(static_cast<double>(mean)));
+}
+
+// y = (x * nf) * w, then on a RoPE lane the interleaved rotation of pairs (0, 1) and (2, 3):
+// lane 16 + m holds RoPE pairs 2m and 2m + 1.
+FC_STORE_FN void norm_rope_block(float (&y)[4], float nf, const BlockOperands& o) {
+FC_STORE_UNROLL
+  for (int i = 0; i < 4; ++i) y[i] = (y[i] * nf) * o.w[i];
+  if (o.rope) {
+FC_STORE_UNROLL
+    for (int q = 0; q < 2; ++q) {
+      const float re = y[2 * q], im = y[2 * q + 1];
+      const float c = o.cs.v[2 * q], s = o.cs.v[2 * q + 1];
+      y[2 * q] = fmaf(re, c, -(im * s));
+      y[2 * q + 1] = fmaf(re, s, im * c);
+    }
+  }
+}
+
+FC_STORE_FN double sum_squares4(const float (&y)[4]) {
+  double ss = 0.0;
+FC_STORE_UNROLL
+  for (int i = 0; i < 4; ++i) ss += static_cast<double>(y[i]) * static_cast<double>(y[i]);
+  return ss;
+}
+
+template <int kHeadDim, StoreFormat kFmt>
+FC_STORE_FN void check_format() {
+  static_assert(kHeadDim == 128 || kHeadDim == 512, "head dim must be 128 or 512");
+  static_assert(kFmt != StoreFormat::kNone, "a store needs a cache format");
+  static_assert(FormatTraits<kFmt>::kHeadDim == kHeadDim,
+                "format / head dim mismatch: V4 and bf16 store 512 dims, the indexer formats 128");
+}
+
 }  // namespace detail
 
 // One 32-lane warp stores one row (see the file comment for the layout and the math).
 template <int kHeadDim, StoreFormat kFmt>
 FC_STORE_FN void store_row(float (&v)[kHeadDim / 32], int lane, int64_t position, int64_t loc,
                            const StoreArgs& args) {
-  static_assert(kHeadDim == 128 || kHeadDim == 512, "head dim must be 128 or 512");
-  static_assert(kFmt != StoreFormat::kNone, "store_row needs a cache format");
-  static_assert(FormatTraits<kFmt>::kHeadDim == kHeadDim,
-                "format / head dim mismatch: V4 and bf16 store 512 dims, the indexer formats 128");
+  detail::check_format<kHeadDim, kFmt>();
   constexpr int kBlocks = kHeadDim / 128;
-  constexpr int kVals = kHeadDim / 32;
-  constexpr int kRopeBase = 4 * (kBlocks - 1);  // v index of the lane's first RoPE dim
-  const bool rope_lane = lane >= 16;
+  float (*blk)[4] = reinterpret_cast<float (*)[4]>(v);  // blk[j] = block j of this lane
 
   // Issue the weight and RoPE-table loads before the reduction.
-  float w[kVals];
-  if (args.norm_weight_bf16 != nullptr) {
+  detail::BlockOperands ops[kBlocks];
 FC_STORE_UNROLL
-    for (int j = 0; j < kBlocks; ++j) {
-      float wj[4];
-      detail::load4_bf16(args.norm_weight_bf16 + 128 * j + 4 * lane, wj);
-FC_STORE_UNROLL
-      for (int i = 0; i < 4; ++i) w[4 * j + i] = wj[i];
-    }
-  } else {
-FC_STORE_UNROLL
-    for (int j = 0; j < kBlocks; ++j) {
-      const Vec<float, 4> wj = detail::load4(args.norm_weight + 128 * j + 4 * lane);
-FC_STORE_UNROLL
-      for (int i = 0; i < 4; ++i) w[4 * j + i] = wj.v[i];
-    }
-  }
-  Vec<float, 4> cs = {{1.0f, 0.0f, 1.0f, 0.0f}};
-  if (rope_lane) cs = detail::load4(args.freq + position * kRopeDim + 4 * (lane - 16));
+  for (int j = 0; j < kBlocks; ++j) ops[j] = detail::block_operands<kHeadDim>(args, j, lane, position);
 
-  // RMSNorm.
+  // RMSNorm, then RoPE on the last 64 dims.
   double ss = 0.0;
 FC_STORE_UNROLL
-  for (int k = 0; k < kVals; ++k) ss += static_cast<double>(v[k]) * static_cast<double>(v[k]);
+  for (int j = 0; j < kBlocks; ++j) ss += detail::sum_squares4(blk[j]);
   ss = detail::lanes_sum_f64<kWarpLanes>(ss);
-  const float mean = quant::div_rn(static_cast<float>(ss), static_cast<float>(kHeadDim)) + args.norm_eps;
-  const float nf = static_cast<float>(1.0 / sqrt(static_cast<double>(mean)));
+  const float nf = detail::norm_factor<kHeadDim>(ss, args.norm_eps);
 FC_STORE_UNROLL
-  for (int k = 0; k < kVals; ++k) v[k] = (v[k] * nf) * w[k];
-
-  // Interleaved RoPE on the last 64 dims: lane 16 + m holds pairs 2m and 2m + 1.
-  if (rope_lane) {
-FC_STORE_UNROLL
-    for (int q = 0; q < 2; ++q) {
-      const float re = v[kRopeBase + 2 * q], im = v[kRopeBase + 2 * q + 1];
-      const float c = cs.v[2 * q], s = cs.v[2 * q + 1];
-      v[kRopeBase + 2 * q] = fmaf(re, c, -(im * s));
-      v[kRopeBase + 2 * q + 1] = fmaf(re, s, im * c);
-    }
-  }
+  for (int j = 0; j < kBlocks; ++j) detail::norm_rope_block(blk[j], nf, ops[j]);
 
   const detail::Entry entry = detail::entry_at<kFmt>(args, loc);
-  if constexpr (kFmt == StoreFormat::kV4) {
-    detail::encode_v4(v, lane, entry);
-  } else if constexpr (kFmt == StoreFormat::kBf16) {
-    detail::encode_bf16(v, lane, entry);
+  if constexpr (kFmt == StoreFormat::kV4 || kFmt == StoreFormat::kBf16) {
+FC_STORE_UNROLL
+    for (int j = 0; j < kBlocks; ++j) {
+      if constexpr (kFmt == StoreFormat::kV4) {
+        detail::encode_v4_block(blk[j], j, lane, true, entry);
+      } else {
+        detail::encode_bf16_block(blk[j], j, lane, true, entry);
+      }
+    }
   } else {
-    detail::hadamard128(v, lane);
+    detail::hadamard128(blk[0], lane);
     if constexpr (kFmt == StoreFormat::kIndexFp8) {
-      detail::encode_index_fp8(v, lane, entry);
+      detail::encode_index_fp8(blk[0], lane, entry);
     } else {
-      detail::encode_index_fp4(v, lane, entry);
+      detail::encode_index_fp4(blk[0], lane, entry);
     }
   }
 }
 
-// One plan row of the standalone kernel (warp-uniform: every lane takes the same branch).
-template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
-FC_STORE_FN void store_plan_row(const StoreKernelArgs& args, int64_t row, int lane) {
+// ------------------------------------------------------------------ a row stored in slices
+//
+// A row split over several warps (the compress kernel's C128 store, a thread block cluster with
+// kSliceDims = 64 or 128 channels per block): each warp holds the dims [dim0, dim0 + kSliceDims)
+// in the canonical lanes of their 128-dim block j = dim0 / 128 (lane l: dims 128j + 4l + i; a
+// 64-dim slice fills lanes 16h..16h+15, h = dim0 / 64 % 2, and the other lanes hold zeros),
+// computes slice_sum_squares, the warps exchange the partial sums, and each calls store_slice
+// with the row's sum (the partials added in slice order, so every warp gets the same nf). Only
+// formats whose tiles lie inside a 64-dim slice: V4 (7 e4m3 tiles of 64 + the RoPE tile) and
+// bf16 (no scales); the indexer formats' Hadamard mixes a whole 128-dim row.
+template <int kSliceDims>
+FC_STORE_FN bool slice_lane(int dim0, int lane) {
+  static_assert(kSliceDims == 64 || kSliceDims == 128, "a slice is 64 or 128 dims");
+  if constexpr (kSliceDims == 128) {
+    return true;
+  } else {
+    return (lane >> 4) == ((dim0 >> 6) & 1);
+  }
+}
+
+// The warp's fp64 sum of squares of its slice (lanes outside the slice hold zeros).
+FC_STORE_FN double slice_sum_squares(const float (&y)[4]) {
+  return detail::lanes_sum_f64<kWarpLanes>(detail::sum_squares4(y));
+}
+
+template <int kHeadDim, StoreFormat kFmt, int kSliceDims>
+FC_STORE_FN void store_slice(float (&y)[4], const detail::BlockOperands& ops, int lane, int dim0, double ss,
+                             int64_t loc, const StoreArgs& args) {
+  detail::check_format<kHeadDim, kFmt>();
+  static_assert(kFmt == StoreFormat::kV4 || kFmt == StoreFormat::kBf16,
+                "sliced rows: V4 and bf16 only (the indexer's Hadamard needs the whole row)");
+  const float nf = detail::norm_factor<kHeadDim>(ss, args.norm_eps);
+  detail::norm_rope_block(y, nf, ops);
+  const detail::Entry entry = detail::entry_at<kFmt>(args, loc);
+  const bool active = slice_lane<kSliceDims>(dim0, lane);
+  if constexpr (kFmt == StoreFormat::kV4) {
+    detail::encode_v4_block(y, dim0 / 128, lane, active, entry);
+  } else {
+    detail::encode_bf16_block(y, dim0 / 128, lane, active, entry);
+  }
+}
+
+// Where plan row `row` of the standalone kernel stores (false: the row is skipped).
+struct RowDest {
+  int64_t position;  // RoPE row
+  int64_t loc;       // cache slot
+};
+
+FC_STORE_FN bool plan_row_dest(const StoreKernelArgs& args, int64_t row, RowDest& d) {
   uint32_t seq_len;
   int64_t dest;
   if (args.is_decode) {
     const DecodePlan p = reinterpret_cast<const DecodePlan*>(args.plan)[row];
     seq_len = p.seq_len;
-    if (seq_len % args.ratio != 0) return;
+    if (seq_len % args.ratio != 0) return false;
     dest = row;
   } else {
     const CompressPlan p = reinterpret_cast<const CompressPlan*>(args.plan)[row];
     seq_len = p.seq_len;
-    if (seq_len == kInvalidU32) return;
+    if (seq_len == kInvalidU32) return false;
     dest = p.ragged_id;
   }
-  // u32 subtraction reinterpreted as int32, as the peer does
-  const int64_t position = static_cast<int32_t>(seq_len - args.ratio);
-  const int64_t loc = args.out_loc[dest];
+  d.position = static_cast<int32_t>(seq_len - args.ratio);  // u32 subtraction as int32, as the peer does
+  d.loc = args.out_loc[dest];
+  return true;
+}
 
-  float v[kHeadDim / 32];
+// Lane `lane`'s values of kv row `row` in the canonical layout (fp32).
+template <int kHeadDim, RowDtype kIn>
+FC_STORE_FN void load_kv_row(const StoreKernelArgs& args, int64_t row, int lane, float (&v)[kHeadDim / 32]) {
 FC_STORE_UNROLL
   for (int j = 0; j < kHeadDim / 128; ++j) {
     const int64_t offset = row * kHeadDim + 128 * j + 4 * lane;
@@ -366,7 +449,16 @@ FC_STORE_UNROLL
       for (int i = 0; i < 4; ++i) v[4 * j + i] = x[i];
     }
   }
-  store_row<kHeadDim, kFmt>(v, lane, position, loc, args.store);
+}
+
+// One plan row of the standalone kernel (warp-uniform: every lane takes the same branch).
+template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
+FC_STORE_FN void store_plan_row(const StoreKernelArgs& args, int64_t row, int lane) {
+  RowDest d;
+  if (!plan_row_dest(args, row, d)) return;
+  float v[kHeadDim / 32];
+  load_kv_row<kHeadDim, kIn>(args, row, lane, v);
+  store_row<kHeadDim, kFmt>(v, lane, d.position, d.loc, args.store);
 }
 
 // ------------------------------------------------------------------ kernels and launchers

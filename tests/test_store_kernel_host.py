@@ -149,8 +149,9 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return exe
 
 
-def emulate(exe: Path, workdir: Path, case: StoreCase) -> torch.Tensor:
-    """The emulated kernel's cache after the store of ``case``."""
+def emulate(exe: Path, workdir: Path, case: StoreCase, slice_dims: int = 0) -> torch.Tensor:
+    """The emulated kernel's cache after the store of ``case`` (``slice_dims`` 64 / 128: the
+    compress kernel's cluster store, each slice's block stored on its own)."""
     workdir.mkdir(parents=True, exist_ok=True)
     dtype = "f32" if case.kv.dtype == torch.float32 else "bf16"
     weight = case.norm_weight.to(case.kv.dtype)  # what cuda_ops.store passes
@@ -158,7 +159,7 @@ def emulate(exe: Path, workdir: Path, case: StoreCase) -> torch.Tensor:
     eps_bits = struct.unpack("<I", struct.pack("<f", case.norm_eps))[0]
     (workdir / "params.txt").write_text(
         f"{case.fmt.name} {dtype} {case.kv.shape[0]} {case.ratio} {int(case.is_decode)} {case.page_size} "
-        f"{eps_bits} {freq.shape[0]} {case.out_loc.numel()} {case.cache.numel()}\n")
+        f"{eps_bits} {freq.shape[0]} {case.out_loc.numel()} {case.cache.numel()} {slice_dims}\n")
     for name, t in (("kv", case.kv), ("plan", case.plan), ("out_loc", case.out_loc), ("weight", weight),
                     ("freq", freq), ("cache", case.cache)):
         _write_tensor(workdir / f"{name}.bin", t)
@@ -187,6 +188,33 @@ def test_emulated_store_matches_torch(emulator: Path, tmp_path: Path, fmt: str, 
     assert cmp.ok, cmp.report()
     # poisoned bytes outside the entries, and something was written
     assert not torch.equal(got, case.cache)
+
+
+SLICED = [(fmt, dtype, dims) for fmt in ("v4", "bf16") for dtype in ("f32", "bf16") for dims in (64, 128)]
+
+
+@pytest.mark.parametrize("fmt,dtype,dims", SLICED, ids=[f"{f}-{d}-slice{n}" for f, d, n in SLICED])
+def test_emulated_sliced_store_matches_torch_and_the_whole_row_store(emulator: Path, tmp_path: Path, fmt: str,
+                                                                     dtype: str, dims: int) -> None:
+    """The cluster epilogue of the C128 compress kernel (store_slice per 64 / 128-dim block, the
+    row's norm from the slices' partial sums) writes the reference bytes, and the same bytes as
+    the one-warp store_row."""
+    torch_dtype = torch.float32 if dtype == "f32" else torch.bfloat16
+    case = make_case(fmt, torch_dtype, True, rows=24, ratio=128, page_size=2, seed=100 + SLICED.index((fmt, dtype, dims)))
+    valid, _, _ = case.targets()
+    assert 0 < int(valid.sum()) < case.kv.shape[0], "the case needs stored and skipped rows"
+    got = emulate(emulator, tmp_path / "sliced", case, dims)
+    cmp = compare_store(got, reference_cache(case), case.cache, case)
+    print(f"{fmt}/{dtype}/slice {dims}: {cmp.report()}")
+    assert cmp.ok, cmp.report()
+    assert not torch.equal(got, case.cache)
+    assert torch.equal(got, emulate(emulator, tmp_path / "whole", case))
+
+
+def test_emulator_rejects_a_sliced_indexer_store(emulator: Path, tmp_path: Path) -> None:
+    case = make_case("idx_fp8", torch.float32, True, rows=4, ratio=4, page_size=4, seed=0)
+    with pytest.raises(AssertionError, match="not a sliced store"):
+        emulate(emulator, tmp_path, case, 64)
 
 
 GOLDEN = ["store_v4_c4_p64.pt", "store_v4_c128_p2.pt", "store_idx_fp8_p64.pt", "store_idx_fp4_p64.pt",
@@ -305,8 +333,9 @@ def test_store_variants_build_load_and_match_layouts(jit_env) -> None:
 @requires_nvcc
 def test_binding_rejects_host_tensors(jit_env) -> None:
     from flashcompress.cuda_ops import store
+    from flashcompress.jit import clear_memo
 
-    store.clear_memo()
+    clear_memo()
     mod = store.store_module(L.INDEXER_FP8, torch.float32)
     kv = torch.zeros((2, 128))
     args = (kv, torch.zeros((2, 16), dtype=torch.uint8), torch.ones(128), 1e-6, torch.zeros((8, 64)),
@@ -315,4 +344,4 @@ def test_binding_rejects_host_tensors(jit_env) -> None:
         mod.forward(*args)
     with pytest.raises(ValueError, match="x: expected a cuda tensor"):
         mod.quant_probe(torch.zeros(4), torch.zeros((4, 4), dtype=torch.uint8))
-    store.clear_memo()
+    clear_memo()

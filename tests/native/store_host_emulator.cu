@@ -8,7 +8,10 @@
 //
 // Usage: store_host_emulator <dir>. <dir>/params.txt holds
 //   <fmt: v4|idx_fp8|idx_fp4|bf16> <dtype: f32|bf16> <rows> <ratio> <is_decode> <page_size>
-//   <eps as fp32 bit pattern> <freq_rows> <out_loc_len> <cache_bytes>
+//   <eps as fp32 bit pattern> <freq_rows> <out_loc_len> <cache_bytes> [<slice: 0|64|128>]
+// slice 0 (default) runs store_row; 64 or 128 (V4, bf16) runs the sliced store of the compress
+// kernel's cluster epilogue: the warp plays each slice's block in turn (slice_sum_squares), adds
+// the partial sums in slice order, then stores every slice with store_slice.
 // and the raw little-endian tensors kv.bin ([rows, H] fp32 or bf16 bits), plan.bin ([rows, 16]),
 // out_loc.bin (int64), weight.bin ([H] in the kv dtype), freq.bin (fp32 [freq_rows, 64]),
 // cache.bin (cache_bytes, the cache before). Writes <dir>/cache_out.bin.
@@ -104,12 +107,62 @@ void run_rows(const fc::StoreKernelArgs& args) {
   for (auto& t : lanes) t.join();
 }
 
+// One lane of the sliced store of plan row `row` (kSlice-dim slices, as the cluster blocks hold them).
+template <int kHeadDim, fc::StoreFormat kFmt, fc::RowDtype kIn, int kSlice>
+void store_row_sliced(const fc::StoreKernelArgs& args, int64_t row, int lane) {
+  namespace st = fc::store;
+  constexpr int kSlices = kHeadDim / kSlice;
+  st::RowDest d;
+  if (!st::plan_row_dest(args, row, d)) return;
+  float v[kHeadDim / 32];
+  st::load_kv_row<kHeadDim, kIn>(args, row, lane, v);
+  float y[kSlices][4];
+  double part[kSlices];
+  for (int r = 0; r < kSlices; ++r) {
+    const int dim0 = r * kSlice, j = dim0 / 128;
+    for (int i = 0; i < 4; ++i) y[r][i] = st::slice_lane<kSlice>(dim0, lane) ? v[4 * j + i] : 0.0f;
+    part[r] = st::slice_sum_squares(y[r]);
+  }
+  double ss = 0.0;
+  for (int r = 0; r < kSlices; ++r) ss += part[r];
+  for (int r = 0; r < kSlices; ++r) {
+    const int dim0 = r * kSlice;
+    const st::detail::BlockOperands ops = st::detail::block_operands<kHeadDim>(args.store, dim0 / 128, lane, d.position);
+    st::store_slice<kHeadDim, kFmt, kSlice>(y[r], ops, lane, dim0, ss, d.loc, args.store);
+  }
+}
+
+template <int kHeadDim, fc::StoreFormat kFmt, fc::RowDtype kIn, int kSlice>
+void run_rows_sliced(const fc::StoreKernelArgs& args) {
+  std::vector<std::thread> lanes;
+  for (int lane = 0; lane < fc::store::kWarpLanes; ++lane) {
+    lanes.emplace_back([&args, lane] {
+      fc::store::host_lanes::t_lane = lane;
+      for (int64_t row = 0; row < args.rows; ++row) store_row_sliced<kHeadDim, kFmt, kIn, kSlice>(args, row, lane);
+    });
+  }
+  for (auto& t : lanes) t.join();
+}
+
+template <int kHeadDim, fc::StoreFormat kFmt, fc::RowDtype kIn>
+void run_mode(int slice, const fc::StoreKernelArgs& args) {
+  if constexpr (kFmt == fc::StoreFormat::kV4 || kFmt == fc::StoreFormat::kBf16) {
+    if (slice == 64) return run_rows_sliced<kHeadDim, kFmt, kIn, 64>(args);
+    if (slice == 128) return run_rows_sliced<kHeadDim, kFmt, kIn, 128>(args);
+  }
+  if (slice != 0) {
+    std::cerr << "slice " << slice << " is not a sliced store of this format\n";
+    std::exit(2);
+  }
+  run_rows<kHeadDim, kFmt, kIn>(args);
+}
+
 template <int kHeadDim, fc::StoreFormat kFmt>
-void run_dtype(const std::string& dtype, const fc::StoreKernelArgs& args) {
+void run_dtype(const std::string& dtype, int slice, const fc::StoreKernelArgs& args) {
   if (dtype == "f32") {
-    run_rows<kHeadDim, kFmt, fc::RowDtype::kF32>(args);
+    run_mode<kHeadDim, kFmt, fc::RowDtype::kF32>(slice, args);
   } else {
-    run_rows<kHeadDim, kFmt, fc::RowDtype::kBF16>(args);
+    run_mode<kHeadDim, kFmt, fc::RowDtype::kBF16>(slice, args);
   }
 }
 
@@ -131,6 +184,8 @@ int main(int argc, char** argv) {
     std::cerr << "bad params.txt\n";
     return 2;
   }
+  int slice = 0;
+  if (!(params >> slice)) slice = 0;
   std::vector<unsigned char> kv = read_file(dir + "/kv.bin"), plan = read_file(dir + "/plan.bin"),
                              out_loc = read_file(dir + "/out_loc.bin"), weight = read_file(dir + "/weight.bin"),
                              freq = read_file(dir + "/freq.bin"), cache = read_file(dir + "/cache.bin");
@@ -178,16 +233,16 @@ int main(int argc, char** argv) {
   };
   if (fmt == "v4") {
     args.store.page_bytes = page_bytes(576, 8, 576);
-    run_dtype<512, fc::StoreFormat::kV4>(dtype, args);
+    run_dtype<512, fc::StoreFormat::kV4>(dtype, slice, args);
   } else if (fmt == "idx_fp8") {
     args.store.page_bytes = page_bytes(128, 4, 1);
-    run_dtype<128, fc::StoreFormat::kIndexFp8>(dtype, args);
+    run_dtype<128, fc::StoreFormat::kIndexFp8>(dtype, slice, args);
   } else if (fmt == "idx_fp4") {
     args.store.page_bytes = page_bytes(64, 4, 1);
-    run_dtype<128, fc::StoreFormat::kIndexFp4>(dtype, args);
+    run_dtype<128, fc::StoreFormat::kIndexFp4>(dtype, slice, args);
   } else if (fmt == "bf16") {
     args.store.page_bytes = page_bytes(1024, 0, 1);
-    run_dtype<512, fc::StoreFormat::kBf16>(dtype, args);
+    run_dtype<512, fc::StoreFormat::kBf16>(dtype, slice, args);
   } else {
     std::cerr << "unknown format " << fmt << "\n";
     return 2;

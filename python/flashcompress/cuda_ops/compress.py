@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ..jit.family import Family, register_family
+from ..jit.family import Family, module_memo, register_family
 from ..jit.models import model_config
 from ..layouts import CacheFormat
 
@@ -127,7 +127,7 @@ def _page_bytes(fmt: CacheFormat, page_size: int) -> int:
     return fmt.data_bytes * page_size if fmt.scale_bytes == 0 else fmt.page_bytes(page_size)
 
 
-_MODULES: dict[tuple[Any, ...], Any] = {}
+_MODULES: dict[tuple[Any, ...], Any] = module_memo()
 
 
 def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: torch.dtype,

@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
-from ..jit.family import Family, register_family
+from ..jit.family import Family, module_memo, register_family
 from ..layouts import BF16_ROWS, INDEXER_FP4, INDEXER_FP8, MAIN_V4, CacheFormat
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..jit.variant import VariantKey
 
-__all__ = ["EXPORTS", "STORE", "clear_memo", "compress_norm_rope_store", "store_module"]
+__all__ = ["EXPORTS", "STORE", "compress_norm_rope_store", "store_module"]
 
 EXPORTS = ("forward", "quant_probe", "page_bytes", "format_info")
 FORMATS: dict[str, CacheFormat] = {f.name: f for f in (MAIN_V4, INDEXER_FP8, INDEXER_FP4, BF16_ROWS)}
@@ -116,7 +116,7 @@ STORE = register_family(
 # Launcher
 # --------------------------------------------------------------------------
 
-_MODULES: dict[tuple[str, torch.dtype], Any] = {}
+_MODULES: dict[tuple[str, torch.dtype], Any] = module_memo()
 
 
 def store_module(fmt: CacheFormat, dtype: torch.dtype) -> Any:
@@ -129,11 +129,6 @@ def store_module(fmt: CacheFormat, dtype: torch.dtype) -> Any:
         module = get_module("store", head_dim=fmt.head_dim, fmt=fmt.name, dtype=DTYPES[dtype])
         _MODULES[key] = module
     return module
-
-
-def clear_memo() -> None:
-    """Forget the loaded modules (tests that switch cache directories)."""
-    _MODULES.clear()
 
 
 def compress_norm_rope_store(

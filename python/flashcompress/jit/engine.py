@@ -43,7 +43,7 @@ from .cache import (ENGINE_RECIPE, Layout, digest, ensure_root, enforce_size_cap
                     remove_tree, touch)
 from .errors import (BuildError, CacheCorruptionWarning, CacheNotWritable, CaptureBuildError, LockTimeout,
                      OfflineCacheMiss, ToolchainMissing)
-from .family import Family, get_family, make_key
+from .family import Family, clear_module_memos, get_family, make_key
 from .flags import logical_flags
 from .render import kernel_include_dir, render_sources, sources_digest
 from .settings import Settings, get_settings, on_reload
@@ -63,7 +63,9 @@ _FORCED: set[VariantKey] = set()
 
 
 def clear_memo(family: str | None = None) -> None:
-    """Forget loaded modules (all, or one family's); the next call looks in the cache again."""
+    """Forget loaded modules (all, or one family's; the op modules' memos always); the next call
+    looks in the cache again."""
+    clear_module_memos()
     for k in list(_MEMO):
         if family is None or (k.family if isinstance(k, VariantKey) else k[0]) == family:
             _MEMO.pop(k, None)

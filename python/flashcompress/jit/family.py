@@ -32,7 +32,8 @@ from .errors import UnknownFamily
 from .models import model_config
 from .variant import ParamValue, VariantKey, detect_target, normalize_target
 
-__all__ = ["Family", "discover_families", "families", "get_family", "make_key", "parse_spec", "register_family"]
+__all__ = ["Family", "discover_families", "families", "get_family", "make_key", "module_memo", "parse_spec",
+           "register_family"]
 
 Presets = Union[Mapping[str, Sequence[Mapping[str, ParamValue]]], Callable[[str], Iterable[Mapping[str, ParamValue]]]]
 
@@ -163,6 +164,23 @@ def register_family(family: Family, *, validate: Callable[[Mapping[str, Any]], N
     with _LOCK:
         _FAMILIES[family.name] = family
     return family
+
+
+_MODULE_MEMOS: list[dict[Any, Any]] = []
+
+
+def module_memo() -> dict[Any, Any]:
+    """A dict an op module keeps its loaded variants in (keyed on the call's own values);
+    ``jit.clear_memo()`` empties every such dict with the engine's memo, so a test that switches
+    cache directories or goes offline sees the next call look in the cache again."""
+    memo: dict[Any, Any] = {}
+    _MODULE_MEMOS.append(memo)
+    return memo
+
+
+def clear_module_memos() -> None:
+    for memo in _MODULE_MEMOS:
+        memo.clear()
 
 
 def discover_families() -> dict[str, Family]:
