@@ -855,6 +855,11 @@ struct Kernel {
   int cluster;
   mutable std::atomic<int64_t> resident[kMaxDevices];  // 0: not yet set up on that device
 
+  Kernel(Fn f, int block, size_t shared, int cluster_blocks)
+      : fn(f), threads(static_cast<unsigned>(block)), smem(shared), cluster(cluster_blocks) {
+    for (auto& r : resident) r.store(0, std::memory_order_relaxed);
+  }
+
   // Resident blocks on the current device (> 0), or the negated runtime error of the setup.
   int64_t setup() const {
     int dev = 0;
@@ -1003,7 +1008,7 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt>::r
     static const Kernel write{prefill_kernel<CW>, CW::kThreads, sizeof(Smem<CW>), 1};
     return write.launch(prefill_grid<CW>(write, a.rows_w), kPdl, stream, a);
   } else {
-    static const Kernel write{write_kernel<C>, 256u, 0, 1};
+    static const Kernel write{write_kernel<C>, 256, 0, 1};
     return write.launch(static_cast<unsigned>((a.rows_w + 7) / 8), kPdl, stream, a);
   }
 }
