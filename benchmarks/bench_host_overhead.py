@@ -8,7 +8,11 @@ V4 store at page 64):
 
 * ``stub``: the backend ops replaced by no-ops; what remains is validation + dispatch.
 * ``full``: the real call: validation + dispatch + the backend's host code + the kernel
-  launch(es).  On CUDA the GPU is first given a long spin kernel so that every launch
+  launch(es).
+* ``binding`` (CUDA): the loaded tvm-ffi module called directly with the arguments the
+  backend passes (tensor conversion, the binding's checks, stream and device guard, the
+  launch), and ``ffi floor``: a tvm-ffi call with no tensor arguments.  ``full`` minus
+  ``binding`` minus ``stub`` is the backend's own Python.  On CUDA the GPU is first given a long spin kernel so that every launch
   only queues (the GPU stays far ahead of the host); ``time.perf_counter`` over
   ``--iters`` back-to-back calls, one sync at the end.  The note says whether the GPU was
   still busy when the host finished (if not, the calls waited on the GPU somewhere, e.g.
@@ -64,6 +68,34 @@ def full_call_us(fn, iters: int, timer: C.Timer | None) -> tuple[float, str]:
     busy = not end.query()
     torch.cuda.synchronize()
     return (t1 - t0) / iters * 1e6, ("GPU far ahead" if busy else "GPU caught up: the calls waited on it (sync?)")
+
+
+def binding_rows(b, s, layer, store, what: str, iters: int, timer: C.Timer) -> list[list[str]]:
+    """The tvm-ffi module calls of the CUDA backend, made directly (no API, no backend Python)."""
+    from flashcompress.cuda_ops import compress as cc
+    from flashcompress.cuda_ops import store as cs
+    from flashcompress.layouts import select_cache_format
+
+    fmt = select_cache_format(layer.head_dim, store.use_fp4, store.bf16_store)
+    f32 = torch.float32
+    comp = cc._module(layer.ratio, layer.online, layer.head_dim, f32, b.state.dtype, f32, "none")
+    fused = cc._module(layer.ratio, layer.online, layer.head_dim, f32, b.state.dtype, f32, fmt.name)
+    st = cs.store_module(fmt, f32)
+    freq = b.freq_cis.view(torch.float32)
+    cache = b.cache(store)
+    calls = [
+        ("compress_forward", "binding: tvm-ffi call + launch",
+         lambda: comp.compress(b.state, s.inp, b.ape, s.plan, s.plan, s.out, True)),
+        ("compress_and_store", "binding: tvm-ffi call + launch",
+         lambda: fused.compress_store(b.state, s.inp, b.ape, s.plan, s.plan, b.norm_weight, freq, s.out_loc, cache,
+                                      NORM_EPS, store.page_size, True)),
+        ("store module page_bytes(64)", "ffi floor: no tensor arguments", lambda: st.page_bytes(64)),
+    ]
+    rows = []
+    for name, mode, fn in calls:
+        us, note = full_call_us(fn, iters, timer)
+        rows.append([f"{name} {what}" if "page_bytes" not in name else name, mode, f"{us:.1f}", note])
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, fn in ops:
             us, note = full_call_us(fn, iters, timer)
             rows.append([f"{name} {what}", "full: + backend + launch", f"{us:.1f}", note])
+    if cuda and args.mode in ("full", "all"):
+        rows.extend(binding_rows(b, s, layer, store, what, args.iters or 200, timer))
     backend = "jit" if cuda and api.ops_backend(dev).__name__.endswith("cuda_ops.ops") else "torch"
     print(f"device={dev} ({C.device_name(dev)}) batch={args.batch} torch={torch.__version__} backend={backend} "
           f"metadata_only={args.metadata_only} commit={C.git_commit()}")

@@ -7,10 +7,7 @@ Layer kinds and their stores: C4 main KV (head 512, V4 at page 64), C4 indexer (
 128, FP8 at page 64), C128 main KV (V4 at page 2) and online C128 main KV (V4 at page 2).
 For every case two rows: ``two-step`` (compress_forward into a preallocated fp32
 intermediate, then compress_norm_rope_store from it; one timed unit) and ``fused``
-(compress_and_store).  ``fused x`` = two-step cold time / fused cold time.  Where
-``compress_and_store`` routes a layer kind to two launches on CUDA
-(``cuda_ops.compress.one_launch``), a third row ``one-launch`` forces the fused kernel
-(A/B for that routing decision).
+(compress_and_store).  ``fused x`` = two-step cold time / fused cold time.
 
 Byte model ("min MB", the same for both rows: what the pipeline must move, excluding
 the fp32 intermediate): compress_forward's bytes (see ``bench_compress.py``) without
@@ -26,15 +23,12 @@ the state rows written, ape once, plan rows once, and per stored row its freq_ci
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from unittest import mock
 
 import torch
 
 import _common as C
 from flashcompress import compress_and_store, compress_forward, compress_norm_rope_store
-from flashcompress.cuda_ops import compress as cuda_compress
 
 # (label, layer, store)
 KINDS = (
@@ -99,16 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             nbytes = C.mean_bytes([C.pipeline_total(layer, store, C.compress_bytes(layer, s, spec.is_decode))
                                    for s in b.sets])
             target = TARGETS.get((spec.name, label))
-            paths = ["two-step", "fused"]
-            if dev.type == "cuda" and not cuda_compress.one_launch(layer.ratio, layer.online, spec.is_decode):
-                paths.append("one-launch")
             measured = {}
-            for path in paths:
-                fn = two_step if path == "two-step" else fused
+            for path, fn in (("two-step", two_step), ("fused", fused)):
                 calls = [(lambda s=s, fn=fn: fn(s)) for s in b.sets]
-                forced = mock.patch.object(cuda_compress, "one_launch", lambda *_: True)
-                with forced if path == "one-launch" else contextlib.nullcontext():
-                    cold, ahead, graph, err = C.measure(timer, calls)
+                cold, ahead, graph, err = C.measure(timer, calls)
                 if err:
                     notes.append(f"{spec.name} {label} {path}: {err}")
                 measured[path] = (cold, ahead, graph)

@@ -130,11 +130,9 @@ struct Cfg {
   static constexpr int kStateWidth = kOnline ? 3 * H : kInWidth;
 
   // Tiling. Online decode folds one token: one entry, the whole row in one team. C4 pools 8
-  // entries per channel in one thread. C128 pools 128 in 64-channel slices (8 blocks per row),
-  // 32 splits of 4 entries, all 4 in flight at once (8 x 16 B loads per thread, 128 KB per SM);
-  // the block stages its slice of ape in shared memory once (kBiasSmem) so the bias costs no
-  // registers and no L2 traffic per row, and loops over rows (decode: its run of requests;
-  // prefill: a persistent grid of resident blocks).
+  // entries per channel in one thread. C128 pools 128: decode in 64-channel slices (8 blocks per
+  // row, 32 splits of 4 entries: short rows for latency), prefill in 128-channel slices (4
+  // blocks, 16 splits of 8 entries: fewer, longer-lived blocks for bandwidth).
   static constexpr bool kOnlineDecode = kOnline && kDecode;
   static constexpr bool kWide = kRatio == 128 && !kOnlineDecode;
 #if FC_GPU_HIP
@@ -143,23 +141,19 @@ struct Cfg {
   static constexpr bool kHipWholeRow = kWide && kStoreRows;
   static constexpr int kChans = (!kWide || kHipWholeRow) ? H : (kDecode ? 64 : 128);
 #else
-  static constexpr int kChans = !kWide ? H : 64;
+  static constexpr int kChans = !kWide ? H : (kDecode ? 64 : 128);
 #endif
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
 #if FC_GPU_HIP
   static constexpr int kSplit = !kWide ? 1 : (kHipWholeRow ? 4 : (kDecode ? 32 : 16));
 #else
-  static constexpr int kSplit = !kWide ? 1 : 32;
+  static constexpr int kSplit = !kWide ? 1 : (kDecode ? 32 : 16);
 #endif
   static constexpr int kPerSplit = kEntries / kSplit;
-  // The bias of a C128 slice from shared memory (CUDA; HIP keeps the register path: a CDNA CU's
-  // 64 KB of LDS would hold one such block).
-  static constexpr bool kBiasSmem = kWide && !FC_GPU_HIP;
-  // Entries whose loads are in flight together (registers: 2 x 4 values per entry, 3 x 4 with
-  // the bias in registers). 512-thread blocks run two per SM within 64 registers; C4 prefill
-  // runs 6 blocks of 128 per SM.
-  static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kWide ? (kBiasSmem ? 4 : 2) : (kDecode ? 8 : 4));
+  // Entries whose loads are in flight together (registers: 3 x 4 values per entry). 512-thread
+  // blocks run two per SM within 64 registers; C4 prefill runs 6 blocks of 128 per SM.
+  static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kWide ? 2 : (kDecode ? 8 : 4));
   static constexpr int kVecs = kChans / 4;                 // channel vectors per slice
   static constexpr int kTeamThreads = kVecs * kSplit;
   static constexpr int kTeams = kTeamThreads >= 128 ? 1 : 128 / kTeamThreads;
@@ -286,13 +280,12 @@ __device__ __forceinline__ int score_col(int e) {
 // Accumulate this thread's entries [e0, e0 + kPerSplit) for channels c..c+3, kBatch entries at a
 // time: every load of a batch is issued before the first one is used (the addresses depend only
 // on the plan row), so a thread waits for one memory round trip per batch, not per entry.
-// With kBiasSmem the bias comes from the staged slice (`bias_smem`, row e, column cl = c - chan0).
 template <class C>
-__device__ __forceinline__ void pool_entries(const Window& w, int e0, int c, int cl,
+__device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
                                              const typename C::TState* state,
                                              const typename C::TIn* __restrict__ input,
                                              const typename C::TIn* __restrict__ ape,
-                                             const float* bias_smem, Acc (&acc)[4]) {
+                                             Acc (&acc)[4]) {
   using TIn = typename C::TIn;
   using TState = typename C::TState;
   using RawIn = Vec<TIn, 4>;
@@ -309,7 +302,7 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c, int
     // With TIn == TState every entry loads into in_*; otherwise state entries use st_*.
     constexpr bool kSame = std::is_same_v<TIn, TState>;
     int kind[B];
-    RawIn in_kv[B], in_sc[B], bias[C::kBiasSmem ? 1 : B];
+    RawIn in_kv[B], in_sc[B], bias[B];
     RawState st_kv[kSame ? 1 : B], st_sc[kSame ? 1 : B];
 #pragma unroll
     for (int k = 0; k < B; ++k) {
@@ -337,10 +330,8 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c, int
         in_kv[k] = load_vec<TIn, 4>(src + kc);
         in_sc[k] = load_vec<TIn, 4>(src + sc);
       }
-      if constexpr (!C::kBiasSmem) {
-        const int brow = C::kOnlineDecode ? w.bias_base : e;
-        if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(ape + static_cast<int64_t>(brow) * C::H + c);
-      }
+      const int brow = C::kOnlineDecode ? w.bias_base : e;
+      if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(ape + static_cast<int64_t>(brow) * C::H + c);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -363,11 +354,7 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c, int
           kv[k] = to_float(in_kv[k].v[i]);
           lg[k] = to_float(in_sc[k].v[i]);
         }
-        if constexpr (C::kBiasSmem) {
-          lg[k] += bias_smem[(e0 + b0 + k) * C::kChans + cl + i];
-        } else {
-          lg[k] += to_float(bias[k].v[i]);
-        }
+        lg[k] += to_float(bias[k].v[i]);
         if (kind[k] != 0) m = fmaxf(m, lg[k]);
       }
       if (m == -INFINITY) continue;  // no live entry in this batch
@@ -400,35 +387,7 @@ struct Smem {
   // Cluster store: every block's fp64 sum of squares of its slice, written by each block into
   // every block's copy (slot [row parity][rank]; two slots, so one cluster barrier per row).
   double ss[C::kCluster ? 2 : 1][C::kCluster ? C::kCSplit : 1];
-  float bias[C::kBiasSmem ? C::W : 1][C::kBiasSmem ? C::kChans : 1];  // ape[e][chan0 + c], fp32
 };
-
-// The block's shared memory: dynamic (Smem<C> exceeds the 48 KB of static shared memory for
-// C128), sized by the launcher.
-template <class C>
-__device__ __forceinline__ Smem<C>& smem() {
-  extern __shared__ __align__(16) unsigned char fc_compress_smem[];
-  return *reinterpret_cast<Smem<C>*>(fc_compress_smem);
-}
-
-// Stage this block's channel slice of ape (all W entries, as fp32) in shared memory.
-template <class C>
-__device__ __forceinline__ void stage_bias(const CompressArgs& a, Smem<C>& sm, int rank) {
-  if constexpr (C::kBiasSmem) {
-    const auto* ape = static_cast<const typename C::TIn*>(a.ape) + rank * C::kChans;
-    for (int idx = static_cast<int>(threadIdx.x); idx < C::W * C::kVecs; idx += C::kThreads) {
-      const int e = idx / C::kVecs, v = idx % C::kVecs;
-      float x[4];
-      load4(ape + static_cast<int64_t>(e) * C::H + 4 * v, x);
-      *reinterpret_cast<Vec<float, 4>*>(&sm.bias[e][4 * v]) = Vec<float, 4>{{x[0], x[1], x[2], x[3]}};
-    }
-    __syncthreads();
-  } else {
-    (void)a;
-    (void)sm;
-    (void)rank;
-  }
-}
 
 template <class C>
 __device__ __forceinline__ void team_sync() {
@@ -511,7 +470,7 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   // Phase 1: each (split, vector) thread pools its entries for 4 channels.
   const int v = u % C::kVecs, split = u / C::kVecs;
   Acc acc[4] = {acc_empty(), acc_empty(), acc_empty(), acc_empty()};
-  pool_entries<C>(w, split * C::kPerSplit, chan0 + 4 * v, 4 * v, state, input, ape, &sm.bias[0][0], acc);
+  pool_entries<C>(w, split * C::kPerSplit, chan0 + 4 * v, state, input, ape, acc);
 
   if constexpr (C::kSplit == 1) {
     // The thread holds every entry of its channels: finish them directly.
@@ -549,7 +508,7 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
       r = acc_merge<C::kFastExp>(r, o);
     }
     if (lane == 0) finish_channel<C>(t, a, row, chan0 + k, r);
-    team_sync<C>();  // the team's next row reuses the partials
+    if constexpr (C::kDecode) team_sync<C>();  // the team's next decode row reuses the partials
   }
 }
 
@@ -669,11 +628,10 @@ __device__ __forceinline__ void block_coords(int& rank, int64_t& group, int& tea
 // every request's input row into the state, then pools the requests that close a window.
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(const CompressArgs a) {
-  Smem<C>& sm = smem<C>();
+  __shared__ Smem<C> sm;
   int rank, team, u;
   int64_t group;
   block_coords<C>(rank, group, team, u);
-  stage_bias<C>(a, sm, rank);
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
@@ -729,11 +687,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   }
 }
 
-// One plan row of prefill pass 1 (and of the online write list, Pass::kOnlineWrite).
+// Prefill pass 1 (and the online write list, Pass::kOnlineWrite): one team per plan row.
 template <class C>
-__device__ __forceinline__ void prefill_row(const CompressArgs& a, Smem<C>& sm, int64_t k, int team, int u,
-                                            int rank, int parity) {
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(const CompressArgs a) {
+  __shared__ Smem<C> sm;
+  int rank, team, u;
+  int64_t group;
+  block_coords<C>(rank, group, team, u);
   constexpr bool kWriteList = C::kPass == Pass::kOnlineWrite;
+  const int64_t k = group * C::kTeams + team;
+  const int64_t rows = kWriteList ? a.rows_w : a.rows;
+  if (k >= rows) return;  // uniform across the team and the cluster
   const CompressPlan p = reinterpret_cast<const CompressPlan*>(kWriteList ? a.plan_w : a.plan)[k];
   const bool valid = p.seq_len != kInvalidU32;
   if (!valid) {
@@ -772,33 +736,7 @@ __device__ __forceinline__ void prefill_row(const CompressArgs& a, Smem<C>& sm, 
     pdl_wait();
   }
   pool_row<C>(w, t, a, sm, team, u, rank);
-  store_pooled_row<C>(t, a, sm, team, u, rank, parity);
-}
-
-// Prefill pass 1 (and the online write list): team `team` of group g pools plan row
-// g * kTeams + team; C128 grids are one wave of resident blocks (prefill_grid) and a team then
-// goes on with every (grid groups x kTeams)-th row after it, uniformly across its cluster.
-template <class C>
-__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(const CompressArgs a) {
-  Smem<C>& sm = smem<C>();
-  int rank, team, u;
-  int64_t group;
-  block_coords<C>(rank, group, team, u);
-  constexpr bool kWriteList = C::kPass == Pass::kOnlineWrite;
-  const int64_t rows = kWriteList ? a.rows_w : a.rows;
-  const int64_t k0 = group * C::kTeams + team;
-  if constexpr (C::kWide) {
-    if (group * C::kTeams >= rows) return;  // uniform across the block and the cluster
-    stage_bias<C>(a, sm, rank);
-    const int64_t stride = static_cast<int64_t>(gridDim.x / C::kCSplit) * C::kTeams;
-    int parity = 0;  // store slot of the cluster's partial sums
-    for (int64_t k = k0; k < rows; k += stride) {
-      prefill_row<C>(a, sm, k, team, u, rank, parity);
-      parity ^= 1;
-    }
-  } else {
-    if (k0 < rows) prefill_row<C>(a, sm, k0, team, u, rank, 0);
-  }
+  store_pooled_row<C>(t, a, sm, team, u, rank, 0);
   if constexpr (!kWriteList) pdl_launch_dependents();
 }
 
@@ -838,10 +776,8 @@ __global__ void __launch_bounds__(256) write_kernel(const CompressArgs a) {
 // Launch
 // ------------------------------------------------------------------------------------------
 
-// A kernel of the family with its launch shape: block size, dynamic shared memory (Smem<C>),
-// cluster size. setup() prepares it on the current device once (the opt-in for more than 48 KB
-// of dynamic shared memory) and returns how many of its blocks that device runs at once, cached
-// per device. A cluster kernel counts whole clusters: a cluster must fit in one GPC, so fewer
+// A kernel of the family with its launch shape: block size and cluster size. setup() returns how
+// many of its blocks the current device runs at once (queried once per device and cached). A cluster kernel counts whole clusters: a cluster must fit in one GPC, so fewer
 // blocks than SMs x blocks-per-SM may be resident (H200: 8-block clusters of 512-thread blocks
 // leave some SMs' slots unused), and a grid sized from the per-SM figure would run one cluster
 // in a second wave. One static Kernel per configuration (CompressLaunch::run).
@@ -851,16 +787,14 @@ struct Kernel {
 
   Fn fn;
   unsigned threads;
-  size_t smem;
   int cluster;
   mutable std::atomic<int64_t> resident[kMaxDevices];  // 0: not yet set up on that device
 
-  Kernel(Fn f, int block, size_t shared, int cluster_blocks)
-      : fn(f), threads(static_cast<unsigned>(block)), smem(shared), cluster(cluster_blocks) {
+  Kernel(Fn f, int block, int cluster_blocks) : fn(f), threads(static_cast<unsigned>(block)), cluster(cluster_blocks) {
     for (auto& r : resident) r.store(0, std::memory_order_relaxed);
   }
 
-  // Resident blocks on the current device (> 0), or the negated runtime error of the setup.
+  // Resident blocks on the current device (> 0), or the negated runtime error.
   int64_t setup() const {
     int dev = 0;
     const gpuError_t e = gpuGetDevice(&dev);
@@ -880,13 +814,13 @@ struct Kernel {
     if (ready <= 0) return static_cast<gpuError_t>(-ready);
 #if FC_GPU_HIP
     (void)pdl;
-    hipLaunchKernelGGL(fn, dim3(grid), dim3(threads), smem, stream, args);
+    hipLaunchKernelGGL(fn, dim3(grid), dim3(threads), 0, stream, args);
     return hipGetLastError();
 #else
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = smem;
+    cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
     cudaLaunchAttribute attrs[2];
     unsigned n = 0;
@@ -912,26 +846,16 @@ struct Kernel {
   int64_t query(int dev) const {
     int sms = 0, per_sm = 0;
 #if FC_GPU_HIP
-    if (smem > 48 * 1024) {
-      const hipError_t e = hipFuncSetAttribute(reinterpret_cast<const void*>(fn),
-                                               hipFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      if (e != hipSuccess) return -static_cast<int64_t>(e);
-    }
     if (hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, dev) != hipSuccess ||
-        hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, static_cast<int>(threads), smem) != hipSuccess) {
+        hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, static_cast<int>(threads), 0) != hipSuccess) {
       (void)hipGetLastError();
       return 1;
     }
 #else
-    if (smem > 48 * 1024) {
-      const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-      if (e != cudaSuccess) return -static_cast<int64_t>(e);
-    }
     if (cluster > 1) {
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(static_cast<unsigned>(cluster));
       cfg.blockDim = dim3(threads);
-      cfg.dynamicSmemBytes = smem;
       cudaLaunchAttribute attr{};
       attr.id = cudaLaunchAttributeClusterDimension;
       attr.val.clusterDim.x = static_cast<unsigned>(cluster);
@@ -947,7 +871,7 @@ struct Kernel {
       return static_cast<int64_t>(clusters) * cluster;
     }
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, static_cast<int>(threads), smem) != cudaSuccess) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, static_cast<int>(threads), 0) != cudaSuccess) {
       (void)cudaGetLastError();
       return 1;
     }
@@ -970,16 +894,6 @@ unsigned row_grid(int64_t rows, int64_t rows_per_team) {
   return static_cast<unsigned>((rows + per - 1) / per * C::kCSplit);
 }
 
-// A prefill pass's grid: a team per row, capped for C128 at one wave of resident blocks (the
-// kernel loops over rows; fewer blocks than rows also amortise the staged bias).
-template <class C>
-unsigned prefill_grid(const Kernel& kernel, int64_t rows) {
-  const unsigned grid = row_grid<C>(rows, 1);
-  if constexpr (!C::kWide) return grid;
-  const int64_t resident = kernel.setup() / C::kCSplit * C::kCSplit;  // <= 0: launch reports the error
-  return resident > 0 && grid > resident ? static_cast<unsigned>(resident) : grid;
-}
-
 }  // namespace compress
 
 template <int kRatio, bool kOnline, int kHeadDim, DType kIn, DType kState, DType kOut,
@@ -992,23 +906,23 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt>::r
     // As many requests per team as make the grid one wave of resident blocks: a request that
     // closes no window costs only its row copy, so fewer, fuller blocks finish sooner.
     using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kDecode>;
-    static const Kernel kernel{decode_kernel<C>, C::kThreads, sizeof(Smem<C>), C::kCluster ? C::kCSplit : 1};
+    static const Kernel kernel{decode_kernel<C>, C::kThreads, C::kCluster ? C::kCSplit : 1};
     constexpr int64_t kWaves = FC_DECODE_WAVES;
-    const int64_t teams = kWaves * kernel.setup() / C::kCSplit * C::kTeams;
+    const int64_t teams = kWaves * kernel.setup() / C::kCSplit * C::kTeams;  // <= 0: launch reports it
     CompressArgs d = a;
     d.reqs_per_team = teams > 0 ? (a.rows + teams - 1) / teams : 1;
     return kernel.launch(row_grid<C>(a.rows, d.reqs_per_team), false, stream, d);
   }
   using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kPrefill>;
-  static const Kernel pool{prefill_kernel<C>, C::kThreads, sizeof(Smem<C>), C::kCluster ? C::kCSplit : 1};
-  gpuError_t err = pool.launch(prefill_grid<C>(pool, a.rows), false, stream, a);
+  static const Kernel pool{prefill_kernel<C>, C::kThreads, C::kCluster ? C::kCSplit : 1};
+  gpuError_t err = pool.launch(row_grid<C>(a.rows, 1), false, stream, a);
   if (err != gpuSuccess) return err;
   if constexpr (kOnline) {
     using CW = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kOnlineWrite>;
-    static const Kernel write{prefill_kernel<CW>, CW::kThreads, sizeof(Smem<CW>), 1};
-    return write.launch(prefill_grid<CW>(write, a.rows_w), kPdl, stream, a);
+    static const Kernel write{prefill_kernel<CW>, CW::kThreads, 1};
+    return write.launch(row_grid<CW>(a.rows_w, 1), kPdl, stream, a);
   } else {
-    static const Kernel write{write_kernel<C>, 256, 0, 1};
+    static const Kernel write{write_kernel<C>, 256, 1};
     return write.launch(static_cast<unsigned>((a.rows_w + 7) / 8), kPdl, stream, a);
   }
 }

@@ -18,9 +18,10 @@ in_dtype``, the dtype of the two-step path's intermediate) before the store.
 Every call launches on the caller's current CUDA stream and never synchronises:
 decode is one kernel; prefill is the compress pass then the write pass (the
 second waits on the first through programmatic dependent launch on SM90).
-``compress_and_store`` runs the fused kernel where it measured faster
-(``one_launch``: ratio 4, online C128 decode), else the compress kernel then the
-store kernel.
+``compress_and_store`` is the compress kernel with the store epilogue for every
+layer kind (no fp32 intermediate); where it measured slower than the two calls
+(C128 prefill, all-boundary C128 decode batches) the README's "which to use"
+paragraph says so.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def _presets(model: str) -> list[dict[str, Any]]:
             out.append({"ratio": 4, "online": False, "head_dim": cfg.head_dim, **f32, "store": store})
         for store in ("none", "idx_fp8", "idx_fp4"):
             out.append({"ratio": 4, "online": False, "head_dim": cfg.index_head_dim, **f32, "store": store})
-    if 128 in cfg.compress_ratios:  # C128 stores through the store kernel (see one_launch)
-        out.append({"ratio": 128, "online": False, "head_dim": cfg.head_dim, **f32, "store": "none"})
+    if 128 in cfg.compress_ratios:
+        for store in ("none", "v4"):
+            out.append({"ratio": 128, "online": False, "head_dim": cfg.head_dim, **f32, "store": store})
         for store in ("none", "v4"):
             out.append({"ratio": 128, "online": True, "head_dim": cfg.head_dim, **f32, "store": store})
     return out
@@ -164,19 +166,6 @@ def compress_forward(
     module.compress(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, out, is_decode)
 
 
-def one_launch(ratio: int, is_online: bool, is_decode: bool) -> bool:
-    """Whether ``compress_and_store`` runs the fused kernel for this layer kind (else two launches).
-
-    Measured on the H200 (benchmarks/RESULTS.md, bench_pipeline.py): the fused kernel wins for
-    ratio 4 (main KV and indexer, decode and prefill: 1.02-1.39x) and for online C128 decode
-    (1.31-1.35x). Where a row spans several blocks (C128, online C128 prefill: 4-8 blocks per row,
-    a thread-block cluster gathering the row for the store) it lost (0.39-0.94x): the cluster
-    costs more than the fp32 intermediate's round trip. Those kinds run the compress kernel and
-    then the store kernel, which write the same bytes.
-    """
-    return ratio == 4 or (is_online and is_decode)
-
-
 def compress_and_store(
     state: torch.Tensor,
     inp: torch.Tensor,
@@ -196,16 +185,9 @@ def compress_and_store(
     page_size: int,
     fmt: CacheFormat,
 ) -> None:
-    """Pool windows, update the state pool and store each compressed row into ``kvcache``."""
-    if not one_launch(ratio, is_online, is_decode):
-        from ..torch_backend.ops import two_step
-        from .store import compress_norm_rope_store
-
-        two_step(compress_forward, compress_norm_rope_store, state, inp, ape, plan_rows, plan_w, ratio=ratio,
-                 head_dim=head_dim, is_online=is_online, is_decode=is_decode, norm_weight=norm_weight,
-                 norm_eps=norm_eps, freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache, page_size=page_size,
-                 fmt=fmt)
-        return
+    """Pool windows, update the state pool and store each compressed row into ``kvcache``: the
+    compress kernel with the store epilogue (decode: one launch; prefill: the pooling pass, which
+    stores, then the state write pass)."""
     if ape.dtype != inp.dtype:
         ape = ape.to(inp.dtype)
     if norm_weight.dtype != inp.dtype:  # the two-step path rounds the weight to the kv dtype
