@@ -44,8 +44,11 @@
 //   C128 decode: 512 threads, kChans 64, 32 splits of 4 entries (8 blocks per row)
 //   C128 / online prefill: 512 threads, kChans 128, 16 splits of 8 entries (4 blocks per row)
 //   online decode: 128 threads, whole row, 1 entry
-// (tiling chosen by an A/B run on the H200: benchmarks/RESULTS.md). cuda_ops/compress.py
-// launches the store variants only where one launch measured faster (ratio 4, online decode).
+// (tiling chosen by A/B runs on the H200: benchmarks/RESULTS.md; a variant with the C128 bias
+// staged in shared memory, all 4 entries of a split in flight and a persistent prefill grid
+// measured 10% faster on all-boundary decode batches, up to 23% slower on single-request decode
+// and prefill).
+// Decode grids of cluster kernels count whole resident clusters (Kernel::setup).
 // Decode: a team (block, cluster) handles a run of consecutive requests, as many as make the
 // grid one wave of resident blocks: it writes its share of each request's input row into the
 // state (row write_loc), then pools each request that closes a window (C4: seq_len % 4 == 0;
@@ -56,9 +59,11 @@
 // griddepcontrol.wait before its first store, because ring rows alias and every read of pass 1
 // must complete before a write of pass 2 lands (the two passes share rows).
 //
-// Store epilogue: the team writes its rounded row slice to shared memory (the cluster leader's,
-// through distributed shared memory, when kCSplit > 1); warp 0 of the leader loads the canonical
-// warp layout (lane l holds dims 128j + 4l + i) and calls store::store_row.
+// Store epilogue (store_pooled_row): the team writes its rounded row (slice) to shared memory.
+// One block per row: warp 0 loads the canonical warp layout (lane l holds dims 128j + 4l + i) and
+// calls store::store_row. A cluster of kCSplit blocks (C128): warp 0 of every block stores its
+// own 64 / 128-dim slice with store::store_slice; the blocks exchange only their slices' fp64
+// sums of squares through distributed shared memory, behind one cluster barrier per row.
 // HIP (no clusters, no PDL): a stored C128 row is one 512-thread block (Cfg::kHipWholeRow), a
 // "warp" is 32 aligned lanes (half a wave64; shuffles take a width), 32-thread teams sync with a
 // wavefront barrier; the rest is the CUDA code.

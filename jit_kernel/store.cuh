@@ -28,6 +28,13 @@
 //   scales by the lanes (16*h + j) that own tile 2j+h; idx fp8 4 B + lane 0 the scale; idx fp4
 //   2 B + lanes 0, 8, 16, 24 one scale byte each; bf16 8 B per block.
 //
+// store_slice<kHeadDim, kFmt, kSliceDims>(y, ops, lane, dim0, ss, loc, args)   -- one slice of a row
+//   For rows pooled by several blocks (the compress kernel's C128 cluster): a warp holds dims
+//   [dim0, dim0 + 64 | 128) in their canonical lanes, the row's fp64 sum of squares `ss` comes
+//   from slice_sum_squares of every slice (added in slice order), `ops` from block_operands
+//   (weight and RoPE row, loaded before the exchange). V4 and bf16 only: their tiles lie within
+//   64 dims; the indexer's Hadamard mixes a whole 128-dim row. Same bytes as store_row.
+//
 // The standalone kernel (StoreLaunch<kHeadDim, kFmt, kIn>::run, store_launch.h):
 //   kv [rows, H] fp32 | bf16; plan [rows, 16]; grid ceil(rows / 8), block 256 = 8 warps, warp w of
 //   block b owns plan row 8b + w (surplus warps of the last block exit). Per row it reads the plan
