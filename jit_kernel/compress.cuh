@@ -110,6 +110,21 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
+// A block may touch another block's shared memory only once that block has started: every
+// thread of a cluster kernel arrives here on entry (no wait), and waits on that phase before
+// its first distributed-shared-memory access (cluster_started_wait).
+__device__ __forceinline__ void cluster_entry_arrive() {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void cluster_started_wait() {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait;" ::: "memory");
+#endif
+}
+
 // ------------------------------------------------------------------------------------------
 // Configuration of one variant and one pass
 // ------------------------------------------------------------------------------------------
@@ -522,13 +537,19 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
 // warp 0 of every block stores its own slice; the blocks only exchange their slices' fp64 sums of
 // squares through distributed shared memory, behind one cluster barrier. `parity` alternates per
 // stored row of a team (the slot the partial sums go to).
+// `entry_pending`: the cluster's entry barrier phase (cluster_entry_arrive) is not yet waited
+// on by this thread; the first stored row waits on it before writing to other blocks.
 template <class C>
 __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const CompressArgs& a, Smem<C>& sm,
-                                                 int team, int u, int rank, int parity) {
+                                                 int team, int u, int rank, int parity, bool& entry_pending) {
   if constexpr (C::kStoreRows) {
     team_sync<C>();  // the row (slice) is complete in shared memory
 #if !FC_GPU_HIP
     if constexpr (C::kCluster) {
+      if (entry_pending) {  // every block of the cluster has started
+        cluster_started_wait();
+        entry_pending = false;
+      }
       constexpr int kSlice = C::kChans;
       const int dim0 = rank * kSlice, j = dim0 / 128, lane = u;
       const bool warp0 = u < 32;
@@ -559,6 +580,7 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
 #endif
     (void)rank;
     (void)parity;
+    (void)entry_pending;
     if (u < 32) {
       float v[C::H / 32];
 #pragma unroll
@@ -637,6 +659,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   int rank, team, u;
   int64_t group;
   block_coords<C>(rank, group, team, u);
+  if constexpr (C::kCluster) cluster_entry_arrive();
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
@@ -644,6 +667,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
     copy_rows_share<C>(a, first, last, u, rank);
   }
   int parity = 0;                            // store slot of the cluster's partial sums
+  bool entry_pending = C::kCluster;
   for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
     const DecodePlan p = plan[b];
     RowTarget t{};
@@ -684,7 +708,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
     t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
     pool_row<C>(w, t, a, sm, team, u, rank);
     if (t.emit) {
-      store_pooled_row<C>(t, a, sm, team, u, rank, parity);
+      store_pooled_row<C>(t, a, sm, team, u, rank, parity, entry_pending);
       parity ^= 1;
     } else if constexpr (!C::kStoreRows) {
       zero_out_row<C>(a, b, u, rank);
@@ -699,6 +723,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   int rank, team, u;
   int64_t group;
   block_coords<C>(rank, group, team, u);
+  if constexpr (C::kCluster) cluster_entry_arrive();
   constexpr bool kWriteList = C::kPass == Pass::kOnlineWrite;
   const int64_t k = group * C::kTeams + team;
   const int64_t rows = kWriteList ? a.rows_w : a.rows;
@@ -741,7 +766,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
     pdl_wait();
   }
   pool_row<C>(w, t, a, sm, team, u, rank);
-  store_pooled_row<C>(t, a, sm, team, u, rank, 0);
+  bool entry_pending = C::kCluster;
+  store_pooled_row<C>(t, a, sm, team, u, rank, 0, entry_pending);
   if constexpr (!kWriteList) pdl_launch_dependents();
 }
 
