@@ -58,6 +58,66 @@ def cli_subprocess(env: dict[str, str], *argv: str) -> subprocess.CompletedProce
 # ----------------------------------------------------------------------------- prewarm: the variant set
 
 
+class _NoopModule:
+    """Stands in for a loaded variant: every export accepts anything and does nothing."""
+
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
+
+
+@pytest.mark.parametrize("model", ["deepseek-v4-flash", "deepseek-v4-pro"])
+def test_prewarm_presets_cover_every_variant_the_cuda_backend_requests(private_env, monkeypatch: pytest.MonkeyPatch,
+                                                                       model: str) -> None:
+    """Each layer kind of the model, through the CUDA backend's own entry points (decode and
+    prefill: compress_forward, compress_and_store, the two-step store): every ``get_module``
+    request they make is in ``prewarm --model``'s set, so a prewarmed engine compiles nothing."""
+    import torch
+
+    import flashcompress.jit as fjit
+    from flashcompress import layouts as L
+    from flashcompress.cuda_ops import compress as cc
+    from flashcompress.cuda_ops import store as cs
+    from flashcompress.jit.models import model_config
+
+    requested: list[tuple[str, tuple]] = []
+
+    def record(fam: str, **params):
+        requested.append((fam, tuple(sorted(params.items()))))
+        return _NoopModule()
+
+    monkeypatch.setattr(fjit, "get_module", record)
+    jit.clear_memo()
+    cfg = model_config(model)
+    kinds = []  # (ratio, online, head_dim, cache formats, page size)
+    if 4 in cfg.compress_ratios:
+        kinds += [(4, False, cfg.head_dim, [L.MAIN_V4], 64),
+                  (4, False, cfg.index_head_dim, [L.INDEXER_FP8, L.INDEXER_FP4], 64)]
+    if 128 in cfg.compress_ratios:
+        kinds += [(128, False, cfg.head_dim, [L.MAIN_V4], 2), (128, True, cfg.head_dim, [L.MAIN_V4], 2)]
+    f32 = torch.float32
+    for ratio, online, head, fmts, page in kinds:
+        width = (4 if ratio == 4 else 2) * head
+        state = torch.zeros((2 * ratio, 3 * head if online else width), dtype=f32)
+        inp, ape = torch.zeros((1, width), dtype=f32), torch.zeros((8 if ratio == 4 else 128, head), dtype=f32)
+        rows, out = torch.zeros((1, 16), dtype=torch.uint8), torch.zeros((1, head), dtype=f32)
+        for decode in (True, False):
+            plan_w = None if decode else torch.zeros((1, 8 if not online else 16), dtype=torch.uint8)
+            cc.compress_forward(state, inp, ape, rows, plan_w, out, ratio=ratio, head_dim=head, is_online=online)
+            for fmt in fmts:
+                cache = torch.zeros((1, fmt.page_bytes(page)), dtype=torch.uint8)
+                freq = torch.ones((4, 32), dtype=torch.complex64)
+                store = dict(norm_weight=torch.ones(head), norm_eps=1e-6, freq_cis=freq,
+                             out_loc=torch.zeros(1, dtype=torch.int64), kvcache=cache, page_size=page, fmt=fmt)
+                cc.compress_and_store(state, inp, ape, rows, plan_w, ratio=ratio, head_dim=head, is_online=online,
+                                      is_decode=decode, **store)
+                cs.compress_norm_rope_store(out, rows, is_decode=decode, ratio=ratio, **store)
+    assert {fam for fam, _ in requested} == {"compress", "store"}
+    presets = {(fam.name, tuple(sorted(p.items()))) for fam in family.discover_families().values()
+               for p in fam.preset_params(model)}
+    missing = sorted(set(requested) - presets)
+    assert not missing, f"prewarm --model {model} leaves out variants the CUDA backend loads: {missing}"
+
+
 @requires_nvcc
 @pytest.mark.nvcc
 def test_prewarm_dry_run_model_flash_lists_plan_variants(private_env: dict[str, str]) -> None:
