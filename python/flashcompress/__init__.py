@@ -7,7 +7,7 @@ API modules):
   CompressorDecodePlan, CompressorPrefillPlan   plan containers + builders
   compress_forward                              pool KV projections into compressed rows
   compress_norm_rope_store                      RMSNorm + RoPE (+ Hadamard) + quantised paged store
-  compress_and_store                            both in one call (one launch on CUDA)
+  compress_and_store                            both in one call (CUDA: the fused kernel, no intermediate)
   is_overlap_compress                           ratio 4 uses overlapping windows
 """
 

@@ -286,8 +286,10 @@ def compress_and_store(
     bf16_store: bool = False,
     is_online: bool = False,
 ) -> None:
-    """``compress_forward`` then ``compress_norm_rope_store`` in one call (one launch on CUDA).
+    """``compress_forward`` then ``compress_norm_rope_store`` in one call.
 
+    On CUDA the compress kernel stores each row itself (decode: one launch; prefill: the
+    pooling pass, which stores, then the state write pass).
     Writes exactly the state rows and cache bytes of the two-step path (the
     compressed row is rounded to the input dtype before the store, as the
     two-step path's intermediate is); the intermediate rows never reach memory.
