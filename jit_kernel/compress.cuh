@@ -808,10 +808,11 @@ __global__ void __launch_bounds__(256) write_kernel(const CompressArgs a) {
 // ------------------------------------------------------------------------------------------
 
 // A kernel of the family with its launch shape: block size and cluster size. setup() returns how
-// many of its blocks the current device runs at once (queried once per device and cached). A cluster kernel counts whole clusters: a cluster must fit in one GPC, so fewer
-// blocks than SMs x blocks-per-SM may be resident (H200: 8-block clusters of 512-thread blocks
-// leave some SMs' slots unused), and a grid sized from the per-SM figure would run one cluster
-// in a second wave. One static Kernel per configuration (CompressLaunch::run).
+// many of its blocks the current device runs at once (queried once per device and cached). A
+// cluster kernel counts whole clusters: a cluster must fit in one GPC, so fewer blocks than SMs x
+// blocks-per-SM may be resident (H200: 8-block clusters of 512-thread blocks leave some SMs'
+// slots unused), and a grid sized from the per-SM figure would run one cluster in a second wave.
+// One static Kernel per configuration (CompressLaunch::run).
 struct Kernel {
   using Fn = void (*)(const CompressArgs);
   static constexpr int kMaxDevices = 64;
