@@ -33,6 +33,7 @@ import torch
 from ..jit.family import Family, module_memo, register_family
 from ..jit.models import model_config
 from ..layouts import CacheFormat
+from .store import freq_table
 
 __all__ = ["COMPRESS", "compress_and_store", "compress_forward"]
 
@@ -194,10 +195,6 @@ def compress_and_store(
         norm_weight = norm_weight.to(inp.dtype)
     if norm_weight.dtype != torch.float32:
         norm_weight = norm_weight.float()
-    if freq_cis.is_contiguous():
-        freq = freq_cis.view(torch.float32)  # [T, 32] complex64 -> [T, 64] fp32, no copy
-    else:
-        freq = torch.view_as_real(freq_cis).flatten(-2).contiguous()
     module = _module(ratio, is_online, head_dim, inp.dtype, state.dtype, inp.dtype, _FORMATS[fmt.name])
-    module.compress_store(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, norm_weight, freq,
-                          out_loc, kvcache, float(norm_eps), int(page_size), is_decode)
+    module.compress_store(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, norm_weight,
+                          freq_table(freq_cis), out_loc, kvcache, float(norm_eps), int(page_size), is_decode)

@@ -148,7 +148,7 @@ def compress_norm_rope_store(
     """RMSNorm + RoPE (+ Hadamard) + quantised store of the plan's stored rows (one launch).
 
     Host work: one memo lookup, a weight cast only when its dtype differs from ``kv``'s
-    (the peer's rounding of the weight), and a free real view of ``freq_cis``.
+    (the peer's rounding of the weight), and the real view of ``freq_cis`` (``freq_table``).
     """
     mod = _MODULES.get((fmt.name, kv.dtype)) or store_module(fmt, kv.dtype)
     _launch(mod, kv, plan_rows, is_decode, ratio, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size)
@@ -160,8 +160,24 @@ def _launch(
 ) -> None:
     if norm_weight.dtype != kv.dtype:
         norm_weight = norm_weight.to(kv.dtype)
+    mod.forward(kv, plan_rows, norm_weight, norm_eps, freq_table(freq_cis), out_loc, kvcache, page_size, is_decode,
+                ratio)
+
+
+# The last freq_cis table seen and its fp32 view: engines pass the same table on every call, and a
+# view costs about a microsecond of eager PyTorch while an identity test costs 30 ns. The view
+# shares the table's storage, so in-place updates of the table are seen; the version counter
+# catches a table whose storage was swapped in place (``set_``), which changes it.
+_FREQ: list[Any] = [None, -1, None]
+
+
+def freq_table(freq_cis: torch.Tensor) -> torch.Tensor:
+    """``freq_cis`` (complex64 ``[T, 32]``) as the kernels read it: fp32 ``[T, 64]`` (re, im pairs)."""
+    if freq_cis is _FREQ[0] and freq_cis._version == _FREQ[1]:
+        return _FREQ[2]
     if freq_cis.is_contiguous():
         freq = freq_cis.view(torch.float32)  # [T, 32] complex64 -> [T, 64] fp32, no copy
     else:
         freq = torch.view_as_real(freq_cis).flatten(-2).contiguous()
-    mod.forward(kv, plan_rows, norm_weight, norm_eps, freq, out_loc, kvcache, page_size, is_decode, ratio)
+    _FREQ[:] = [freq_cis, freq_cis._version, freq]
+    return freq
