@@ -9,8 +9,6 @@ here, on the tensors' device.
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import torch
 
 from ..layouts import CacheFormat
@@ -75,18 +73,6 @@ def compress_norm_rope_store(
     )
 
 
-def two_step(compress: Callable[..., None], store: Callable[..., None], state: torch.Tensor, inp: torch.Tensor,
-             ape: torch.Tensor, plan_rows: torch.Tensor, plan_w: torch.Tensor | None, *, ratio: int, head_dim: int,
-             is_online: bool, is_decode: bool, **store_args: Any) -> None:
-    """``compress_and_store`` as two ops: ``compress`` into an intermediate in the input dtype, then
-    ``store`` it (any backend's pair of op functions; the JIT backend uses it where its fused
-    kernel is not the faster path)."""
-    kv = torch.empty((plan_rows.shape[0], head_dim), dtype=inp.dtype, device=inp.device)
-    compress(state, inp, ape, plan_rows, plan_w, kv, ratio=ratio, head_dim=head_dim, is_online=is_online)
-    if plan_rows.shape[0]:
-        store(kv, plan_rows, is_decode=is_decode, ratio=ratio, **store_args)
-
-
 def compress_and_store(
     state: torch.Tensor,
     inp: torch.Tensor,
@@ -107,6 +93,9 @@ def compress_and_store(
     fmt: CacheFormat,
 ) -> None:
     """The two-step path: compress into an intermediate in the input dtype, then store it."""
-    two_step(compress_forward, compress_norm_rope_store, state, inp, ape, plan_rows, plan_w, ratio=ratio,
-             head_dim=head_dim, is_online=is_online, is_decode=is_decode, norm_weight=norm_weight,
-             norm_eps=norm_eps, freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache, page_size=page_size, fmt=fmt)
+    kv = torch.empty((plan_rows.shape[0], head_dim), dtype=inp.dtype, device=inp.device)
+    compress_forward(state, inp, ape, plan_rows, plan_w, kv, ratio=ratio, head_dim=head_dim, is_online=is_online)
+    if plan_rows.shape[0]:
+        compress_norm_rope_store(kv, plan_rows, is_decode=is_decode, ratio=ratio, norm_weight=norm_weight,
+                                 norm_eps=norm_eps, freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache,
+                                 page_size=page_size, fmt=fmt)
