@@ -187,7 +187,8 @@ struct Cfg {
   static constexpr int kMinBlocks = kMinBlocks0 * kThreads / 256 > 1 ? kMinBlocks0 * kThreads / 256 : 1;
   static constexpr int kHipUnroll = kHipWholeRow ? 1 : kPerSplit / kBatch;
 #else
-  static constexpr int kMinBlocks = kThreads >= 512 ? 2 : (kRatio == 4 && !kDecode ? 6 : 1);
+  // C4 decode: 4 blocks per SM (<= 128 registers), so a 512-request batch is one request per team.
+  static constexpr int kMinBlocks = kThreads >= 512 ? 2 : (kRatio == 4 ? (kDecode ? 4 : 6) : 1);
 #endif
   static constexpr bool kCluster = kCSplit > 1 && kStoreRows;
   // Combining the splits: kLanes consecutive threads per channel, each merging kSplit / kLanes
@@ -196,6 +197,20 @@ struct Cfg {
   // The regular pooling uses the fast exp (ex2.approx); the online state, whose running sum is
   // kept across calls, uses the accurate one.
   static constexpr bool kFastExp = !kOnline;
+  // Decode copies the block's share of every request's input row (kCopyVecs vectors) into the
+  // state. C4 (kStageCopy): per request, staged in shared memory by asynchronous copies (no
+  // registers held while they fly; each thread reads back only its own copies) and written
+  // after the pooling, so the copy overlaps the window loads; the bias rows of the thread's
+  // channels are staged once. C128 (a share is 32 vectors of a 512-thread block): all the
+  // team's requests up front, loads in flight together (copy_rows_share); measured 1.45x faster
+  // than per-request staging at B = 512 (benchmarks/RESULTS.md). Stores: the weight blocks
+  // (kOpsBlocks; a cluster block stores one) and each stored row's RoPE row are staged, so the
+  // store epilogue loads nothing from global memory.
+  static constexpr bool kCopyRows = kDecode && !kOnline;
+  static constexpr int kCopyVecs = kInWidth / 4 / kCSplit;
+  static constexpr bool kStageCopy = kCopyRows && kRatio == 4;
+  static constexpr bool kStageApe = kDecode && kRatio == 4;
+  static constexpr int kOpsBlocks = kCluster ? 1 : H / 128;
 
   static_assert(H % 128 == 0 && H % kChans == 0 && kChans % 4 == 0, "head dim: a multiple of 128");
   static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0 &&
@@ -407,6 +422,10 @@ struct Smem {
   // Cluster store: every block's fp64 sum of squares of its slice, written by each block into
   // every block's copy (slot [row parity][rank]; two slots, so one cluster barrier per row).
   double ss[C::kCluster ? 2 : 1][C::kCluster ? C::kCSplit : 1];
+  // Staged by async copies (Cfg): the copy share, C4 decode's bias rows, the store operands.
+  Vec<typename C::TIn, 4> copy[C::kTeams][C::kStageCopy ? C::kCopyVecs : 1];
+  Vec<typename C::TIn, 4> ape[C::kTeams][C::kStageApe ? C::W * C::H / 4 : 1];
+  store::StagedOperands<C::kStoreRows ? C::kOpsBlocks : 1> ops[C::kStoreRows ? C::kTeams : 1];
 };
 
 template <class C>
@@ -424,6 +443,18 @@ __device__ __forceinline__ void team_sync() {
 #else
     __syncwarp();
 #endif
+  }
+}
+
+// The bias rows pool_entries reads: staged in shared memory (C4 decode) or global.
+template <class C>
+__device__ __forceinline__ const typename C::TIn* ape_of(const CompressArgs& a, const Smem<C>& sm, int team) {
+  if constexpr (C::kStageApe) {
+    return reinterpret_cast<const typename C::TIn*>(&sm.ape[team][0]);
+  } else {
+    (void)sm;
+    (void)team;
+    return static_cast<const typename C::TIn*>(a.ape);
   }
 }
 
@@ -483,7 +514,7 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   using TState = typename C::TState;
   const auto* state = static_cast<const TState*>(a.state);
   const auto* input = static_cast<const TIn*>(a.input);
-  const auto* ape = static_cast<const TIn*>(a.ape);
+  const TIn* ape = ape_of<C>(a, sm, team);
   const int chan0 = rank * C::kChans;
   float* row = C::kStoreRows ? &sm.row[team][0] : nullptr;
 
@@ -532,8 +563,9 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   }
 }
 
-// Store the pooled row. One block per row (kCSplit 1): warp 0 loads the canonical warp layout
-// from shared memory and calls store::store_row. A cluster (kCSplit blocks of kChans channels):
+// Store the pooled row (its operands staged by stage_store_weight / stage_store_rope and waited
+// for). One block per row (kCSplit 1): warp 0 loads the canonical warp layout from shared memory
+// and calls store::store_row_ops. A cluster (kCSplit blocks of kChans channels):
 // warp 0 of every block stores its own slice; the blocks only exchange their slices' fp64 sums of
 // squares through distributed shared memory, behind one cluster barrier. `parity` alternates per
 // stored row of a team (the slot the partial sums go to).
@@ -560,7 +592,7 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
 #pragma unroll
           for (int i = 0; i < 4; ++i) y[i] = sm.row[team][128 * j + 4 * lane + i];
         }
-        ops = store::detail::block_operands<C::H>(a.store, j, lane, t.position);
+        ops = store::staged_operands<C::H>(a.store, j, 0, lane, sm.ops[team]);
         const double part = store::slice_sum_squares(y);
         if (lane < C::kCSplit) {
           auto cluster = cooperative_groups::this_cluster();
@@ -583,12 +615,14 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
     (void)entry_pending;
     if (u < 32) {
       float v[C::H / 32];
+      store::detail::BlockOperands ops[C::H / 128];
 #pragma unroll
       for (int j = 0; j < C::H / 128; ++j) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[4 * j + i] = sm.row[team][128 * j + 4 * u + i];
+        ops[j] = store::staged_operands<C::H>(a.store, j, j, u, sm.ops[team]);
       }
-      store::store_row<C::H, C::kFmt>(v, u, t.position, t.loc, a.store);
+      store::store_row_ops<C::H, C::kFmt>(v, ops, u, t.loc, a.store);
     }
     team_sync<C>();  // the row buffer is reused by the team's next row
   }
@@ -602,41 +636,92 @@ __device__ __forceinline__ void zero_out_row(const CompressArgs& a, int64_t row,
   for (int k = u; k < C::kChans; k += C::kTeamThreads) dst[k] = from_float<TOut>(0.f);
 }
 
-// Copy this block's share of the input rows of decode requests [first, last) into their state
-// rows (converted to TState). kChunk vectors per thread are loaded before any is stored, so the
-// loads of a chunk are in flight together (a store may alias a later load for the compiler).
 template <class C>
-__device__ __forceinline__ void copy_rows_share(const CompressArgs& a, int64_t first, int64_t last,
-                                                int tid, int share) {
-  using TIn = typename C::TIn;
-  using TState = typename C::TState;
-  constexpr int kPer = C::kInWidth / 4 / C::kCSplit;  // vectors of one request's share
-  constexpr int kChunk = 4;
-  const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
-  const int64_t total = (last - first) * kPer;
-  for (int64_t base = tid; base < total; base += int64_t{kChunk} * C::kTeamThreads) {
-    Vec<TIn, 4> x[kChunk];
-    TState* dst[kChunk];
+__device__ __forceinline__ void store_state_vec(typename C::TState* dst, const Vec<typename C::TIn, 4>& x) {
+  Vec<typename C::TState, 4> y;
 #pragma unroll
-    for (int j = 0; j < kChunk; ++j) {
-      const int64_t idx = base + int64_t{j} * C::kTeamThreads;
-      dst[j] = nullptr;
-      if (idx < total) {
-        const int64_t b = first + idx / kPer;
-        const int v = share * kPer + static_cast<int>(idx % kPer);
-        x[j] = load_vec<TIn, 4>(static_cast<const TIn*>(a.input) + b * C::kInWidth + 4 * v);
-        dst[j] = static_cast<TState*>(a.state) + static_cast<int64_t>(plan[b].write_loc) * C::kStateWidth + 4 * v;
+  for (int i = 0; i < 4; ++i) y.v[i] = from_float<typename C::TState>(to_float(x.v[i]));
+  store_vec<typename C::TState, 4>(dst, y);
+}
+
+// C4 decode: stage this block's share of request b's input row in shared memory; write_copy
+// stores it into the state row write_loc once the pooling of the request has been issued.
+template <class C>
+__device__ __forceinline__ void stage_copy(const CompressArgs& a, Smem<C>& sm, int team, int u, int share, int64_t b) {
+  if constexpr (C::kStageCopy) {
+    using TIn = typename C::TIn;
+    const TIn* src = static_cast<const TIn*>(a.input) + b * C::kInWidth + 4 * share * C::kCopyVecs;
+    for (int k = u; k < C::kCopyVecs; k += C::kTeamThreads) async_copy<sizeof(Vec<TIn, 4>)>(&sm.copy[team][k], src + 4 * k);
+  }
+}
+
+template <class C>
+__device__ __forceinline__ void write_copy(const CompressArgs& a, const Smem<C>& sm, int team, int u, int share,
+                                           int64_t write_loc) {
+  if constexpr (C::kStageCopy) {
+    typename C::TState* dst = static_cast<typename C::TState*>(a.state) + write_loc * C::kStateWidth +
+                              4 * share * C::kCopyVecs;
+    for (int k = u; k < C::kCopyVecs; k += C::kTeamThreads) store_state_vec<C>(dst + 4 * k, sm.copy[team][k]);
+  }
+}
+
+// C128 decode: copy this block's share of the input rows of requests [first, last) into their
+// state rows up front. kChunk vectors per thread are loaded before any is stored, so the loads of
+// a chunk are in flight together (a store may alias a later load for the compiler).
+template <class C>
+__device__ __forceinline__ void copy_rows_share(const CompressArgs& a, int64_t first, int64_t last, int u, int share) {
+  if constexpr (C::kCopyRows && !C::kStageCopy) {
+    using TIn = typename C::TIn;
+    using TState = typename C::TState;
+    constexpr int kChunk = 4;
+    const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
+    const int64_t total = (last - first) * C::kCopyVecs;
+    for (int64_t base = u; base < total; base += int64_t{kChunk} * C::kTeamThreads) {
+      Vec<TIn, 4> x[kChunk];
+      TState* dst[kChunk];
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        const int64_t idx = base + int64_t{j} * C::kTeamThreads;
+        dst[j] = nullptr;
+        if (idx < total) {
+          const int64_t b = first + idx / C::kCopyVecs;
+          const int v = share * C::kCopyVecs + static_cast<int>(idx % C::kCopyVecs);
+          x[j] = load_vec<TIn, 4>(static_cast<const TIn*>(a.input) + b * C::kInWidth + 4 * v);
+          dst[j] = static_cast<TState*>(a.state) + static_cast<int64_t>(plan[b].write_loc) * C::kStateWidth + 4 * v;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kChunk; ++j) {
+        if (dst[j] != nullptr) store_state_vec<C>(dst[j], x[j]);
       }
     }
+  }
+}
+
+// Row-independent staging, once per kernel: C4 decode's bias rows of the thread's channels (the
+// only ones pool_entries reads), and the store's weight blocks (warp 0 of the team: the lanes
+// that store).
+template <class C>
+__device__ __forceinline__ void stage_invariants(const CompressArgs& a, Smem<C>& sm, int team, int u, int rank) {
+  using TIn = typename C::TIn;
+  if constexpr (C::kStageApe) {
+    const int c = 4 * (u % C::kVecs);
 #pragma unroll
-    for (int j = 0; j < kChunk; ++j) {
-      if (dst[j] == nullptr) continue;
-      Vec<TState, 4> y;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) y.v[i] = from_float<TState>(to_float(x[j].v[i]));
-      store_vec<TState, 4>(dst[j], y);
+    for (int e = 0; e < C::W; ++e) {
+      async_copy<sizeof(Vec<TIn, 4>)>(&sm.ape[team][(e * C::H + c) / 4], static_cast<const TIn*>(a.ape) + e * C::H + c);
     }
   }
+  if constexpr (C::kStoreRows) {
+    if (u < 32) {
+      if constexpr (C::kCluster) {
+        store::stage_weight(a.store, rank * C::kChans / 128, 0, u, sm.ops[team]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < C::H / 128; ++j) store::stage_weight(a.store, j, j, u, sm.ops[team]);
+      }
+    }
+  }
+  (void)rank;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -651,8 +736,12 @@ __device__ __forceinline__ void block_coords(int& rank, int64_t& group, int& tea
   u = static_cast<int>(threadIdx.x) % C::kTeamThreads;
 }
 
-// Decode: a team handles requests [first, first + a.reqs_per_team): it writes its share of
-// every request's input row into the state, then pools the requests that close a window.
+// Decode: a team handles requests [first, first + a.reqs_per_team), one after the other. C128
+// copies the team's share of all their input rows into the state first; C4 stages each
+// request's share (async) as the request starts. Per request the team reads the plan row, pools
+// the request if it closes a window (the staged copy and store operands fly meanwhile), then
+// writes the staged copy into the state and stores the pooled row: a closing C4 request waits
+// for two memory round trips, {plan row, input share} and {window rows, RoPE row}.
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(const CompressArgs a) {
   __shared__ Smem<C> sm;
@@ -663,12 +752,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
-  if constexpr (!C::kOnline) {
-    copy_rows_share<C>(a, first, last, u, rank);
-  }
+  stage_invariants<C>(a, sm, team, u, rank);
+  async_commit();
+  copy_rows_share<C>(a, first, last, u, rank);
   int parity = 0;                            // store slot of the cluster's partial sums
   bool entry_pending = C::kCluster;
   for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
+    stage_copy<C>(a, sm, team, u, rank, b);
     const DecodePlan p = plan[b];
     RowTarget t{};
     t.out_row = b;
@@ -700,13 +790,22 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       w.page1 = p.read_page_1;
       w.self_row = p.write_loc;  // read back from this request's input row, not the state
       w.self_in = b;
-      if (!t.emit) {
-        if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
-        continue;
-      }
     }
     t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
+    if constexpr (C::kStoreRows) {
+      if (t.emit && u < 32) store::stage_rope(a.store, u, t.position, sm.ops[team]);
+    }
+    async_commit();
+    if (!C::kOnline && !t.emit) {  // only the copy: nothing pooled, nothing stored
+      async_wait<0>();
+      write_copy<C>(a, sm, team, u, rank, p.write_loc);
+      if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
+      continue;
+    }
+    async_wait<1>();  // the row-independent stage (the bias) has landed; this row's may fly on
     pool_row<C>(w, t, a, sm, team, u, rank);
+    async_wait<0>();
+    write_copy<C>(a, sm, team, u, rank, p.write_loc);
     if (t.emit) {
       store_pooled_row<C>(t, a, sm, team, u, rank, parity, entry_pending);
       parity ^= 1;
@@ -765,7 +864,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
     // Everything above only reads; the state store must wait for pass 1.
     pdl_wait();
   }
+  if constexpr (C::kStoreRows) {  // the store's operands fly while the row is pooled
+    stage_invariants<C>(a, sm, team, u, rank);
+    if (u < 32) store::stage_rope(a.store, u, t.position, sm.ops[team]);
+    async_commit();
+  }
   pool_row<C>(w, t, a, sm, team, u, rank);
+  async_wait<0>();
   bool entry_pending = C::kCluster;
   store_pooled_row<C>(t, a, sm, team, u, rank, 0, entry_pending);
   if constexpr (!kWriteList) pdl_launch_dependents();

@@ -274,20 +274,36 @@ struct BlockOperands {
   bool rope;
 };
 
-template <int kHeadDim>
-FC_STORE_FN BlockOperands block_operands(const StoreArgs& args, int j, int lane, int64_t position) {
+// The operands of a lane from where they live (global memory, or the staged copies): its 4
+// weight dims as fp32 (w32) or bf16 bit patterns (w16; exactly one of the two is set) and, on a
+// RoPE lane, its 4 (cos, sin) values at cs.
+FC_STORE_FN BlockOperands operands_from(const float* w32, const uint16_t* w16, bool rope, const float* cs) {
   BlockOperands o;
-  if (args.norm_weight_bf16 != nullptr) {
-    load4_bf16(args.norm_weight_bf16 + 128 * j + 4 * lane, o.w);
+  if (w16 != nullptr) {
+    load4_bf16(w16, o.w);
   } else {
-    const Vec<float, 4> w = load4(args.norm_weight + 128 * j + 4 * lane);
+    const Vec<float, 4> w = load4(w32);
 FC_STORE_UNROLL
     for (int i = 0; i < 4; ++i) o.w[i] = w.v[i];
   }
-  o.rope = j == kHeadDim / 128 - 1 && lane >= 16;
+  o.rope = rope;
   o.cs = Vec<float, 4>{{1.0f, 0.0f, 1.0f, 0.0f}};
-  if (o.rope) o.cs = load4(args.freq + position * kRopeDim + 4 * (lane - 16));
+  if (rope) o.cs = load4(cs);
   return o;
+}
+
+template <int kHeadDim>
+FC_STORE_FN bool rope_lane(int j, int lane) {
+  return j == kHeadDim / 128 - 1 && lane >= 16;
+}
+
+template <int kHeadDim>
+FC_STORE_FN BlockOperands block_operands(const StoreArgs& args, int j, int lane, int64_t position) {
+  const int d = 128 * j + 4 * lane;
+  const bool rope = rope_lane<kHeadDim>(j, lane);
+  return operands_from(args.norm_weight_bf16 != nullptr ? nullptr : args.norm_weight + d,
+                       args.norm_weight_bf16 != nullptr ? args.norm_weight_bf16 + d : nullptr, rope,
+                       rope ? args.freq + position * kRopeDim + 4 * (lane - 16) : nullptr);
 }
 
 // nf = fp32(1 / sqrt(fp64(fp32(ss) / H + eps))) from the row's fp64 sum of squares.
@@ -330,18 +346,14 @@ FC_STORE_FN void check_format() {
 
 }  // namespace detail
 
-// One 32-lane warp stores one row (see the file comment for the layout and the math).
+// One 32-lane warp stores one row whose weight and RoPE operands `ops` (block_operands, or
+// staged_operands) it already holds.
 template <int kHeadDim, StoreFormat kFmt>
-FC_STORE_FN void store_row(float (&v)[kHeadDim / 32], int lane, int64_t position, int64_t loc,
-                           const StoreArgs& args) {
+FC_STORE_FN void store_row_ops(float (&v)[kHeadDim / 32], const detail::BlockOperands (&ops)[kHeadDim / 128],
+                               int lane, int64_t loc, const StoreArgs& args) {
   detail::check_format<kHeadDim, kFmt>();
   constexpr int kBlocks = kHeadDim / 128;
   float (*blk)[4] = reinterpret_cast<float (*)[4]>(v);  // blk[j] = block j of this lane
-
-  // Issue the weight and RoPE-table loads before the reduction.
-  detail::BlockOperands ops[kBlocks];
-FC_STORE_UNROLL
-  for (int j = 0; j < kBlocks; ++j) ops[j] = detail::block_operands<kHeadDim>(args, j, lane, position);
 
   // RMSNorm, then RoPE on the last 64 dims.
   double ss = 0.0;
@@ -370,6 +382,58 @@ FC_STORE_UNROLL
       detail::encode_index_fp4(blk[0], lane, entry);
     }
   }
+}
+
+// One 32-lane warp stores one row (see the file comment for the layout and the math).
+template <int kHeadDim, StoreFormat kFmt>
+FC_STORE_FN void store_row(float (&v)[kHeadDim / 32], int lane, int64_t position, int64_t loc,
+                           const StoreArgs& args) {
+  // Issue the weight and RoPE-table loads before the reduction.
+  detail::BlockOperands ops[kHeadDim / 128];
+FC_STORE_UNROLL
+  for (int j = 0; j < kHeadDim / 128; ++j) ops[j] = detail::block_operands<kHeadDim>(args, j, lane, position);
+  store_row_ops<kHeadDim, kFmt>(v, ops, lane, loc, args);
+}
+
+// ------------------------------------------------------------------ operands staged in shared memory
+//
+// The compress kernel's store epilogue copies a lane's weight dims and the row's RoPE pairs into
+// shared memory asynchronously (async_copy) when the row starts, so the store after the pooling
+// reads nothing from global memory. A lane stages exactly the operands it reads back: only its
+// own async_wait orders them, no barrier. Device code only.
+//   w[k]  one 128-dim weight block per slot: fp32 dims 128j + 4 lane + i at [4 lane + i], or the
+//         bf16 bit patterns (norm_weight_bf16) at uint16 index [4 lane + i]
+//   cs    64 floats: the row's RoPE table row (lanes 16..31 stage and read 4 floats each)
+template <int kBlocks>
+struct alignas(16) StagedOperands {
+  float w[kBlocks][128];  // slot k: one 128-dim weight block
+  float cs[kRopeDim];
+};
+
+// Stage weight block j into slot `slot` (this lane's 4 dims).
+template <int kBlocks>
+__device__ __forceinline__ void stage_weight(const StoreArgs& args, int j, int slot, int lane, StagedOperands<kBlocks>& s) {
+  if (args.norm_weight_bf16 != nullptr) {
+    async_copy<8>(reinterpret_cast<uint16_t*>(s.w[slot]) + 4 * lane, args.norm_weight_bf16 + 128 * j + 4 * lane);
+  } else {
+    async_copy<16>(s.w[slot] + 4 * lane, args.norm_weight + 128 * j + 4 * lane);
+  }
+}
+
+template <int kBlocks>
+__device__ __forceinline__ void stage_rope(const StoreArgs& args, int lane, int64_t position, StagedOperands<kBlocks>& s) {
+  if (lane >= 16) async_copy<16>(s.cs + 4 * (lane - 16), args.freq + position * kRopeDim + 4 * (lane - 16));
+}
+
+// block_operands of block j from the staged copies in slot `slot` (after the lane's async_wait).
+template <int kHeadDim, int kBlocks>
+__device__ __forceinline__ detail::BlockOperands staged_operands(const StoreArgs& args, int j, int slot, int lane,
+                                                                 const StagedOperands<kBlocks>& s) {
+  const bool bf16 = args.norm_weight_bf16 != nullptr;
+  const bool rope = detail::rope_lane<kHeadDim>(j, lane);
+  return detail::operands_from(bf16 ? nullptr : s.w[slot] + 4 * lane,
+                               bf16 ? reinterpret_cast<const uint16_t*>(s.w[slot]) + 4 * lane : nullptr, rope,
+                               rope ? s.cs + 4 * (lane - 16) : nullptr);
 }
 
 // ------------------------------------------------------------------ a row stored in slices

@@ -6,6 +6,10 @@
 //   to_float(T) / from_float<T>(float)   fp32 <-> fp32 / bf16 (RNE), exact on both sides.
 //   group_sum<W>(v), group_max<W>(v)     xor-butterfly over aligned groups of W lanes
 //                        (W a power of two <= 32); every lane of the group gets the result.
+//   async_copy<B>(smem, gmem), async_commit(), async_wait<N>()   B (4, 8, 16) bytes global ->
+//                        shared without holding registers (cp.async, sm_80+; HIP: a plain copy).
+//                        Only the issuing thread may read the bytes, after async_wait<N> has
+//                        returned with at most N newer groups still in flight.
 //
 // Lane groups are at most 32 wide, so the code is the same on 32-lane NVIDIA warps and on
 // 64-lane CDNA wavefronts (a 32-lane group is half a wavefront there; shuffles take width W).
@@ -96,6 +100,35 @@ __device__ __forceinline__ float group_max(float v) {
 #pragma unroll
   for (int m = W / 2; m >= 1; m /= 2) v = fmaxf(v, shfl_xor(v, m, W));
   return v;
+}
+
+// Asynchronous global -> shared copies (the compress kernel's staging: its copy share, the bias,
+// the store's weight and RoPE row). A thread reads back only what it copied itself, so
+// async_wait is the only synchronisation a stage needs.
+template <int kBytes>
+__device__ __forceinline__ void async_copy(void* smem, const void* gmem) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(gmem), "n"(kBytes) : "memory");
+#else
+  using Word = Vec<uint32_t, kBytes / 4>;
+  *static_cast<Word*>(smem) = *static_cast<const Word*>(gmem);
+#endif
+}
+
+__device__ __forceinline__ void async_commit() {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+// Wait until at most kPending of this thread's most recent commit groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void async_wait() {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+#endif
 }
 
 // ---- appended for the store kernels (store.cuh) ----
