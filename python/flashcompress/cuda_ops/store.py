@@ -164,20 +164,14 @@ def _launch(
                 ratio)
 
 
-# The last freq_cis table seen and its fp32 view: engines pass the same table on every call, and a
-# view costs about a microsecond of eager PyTorch while an identity test costs 30 ns. The view
-# shares the table's storage, so in-place updates of the table are seen; the version counter
-# catches a table whose storage was swapped in place (``set_``), which changes it.
-_FREQ: list[Any] = [None, -1, None]
-
-
 def freq_table(freq_cis: torch.Tensor) -> torch.Tensor:
-    """``freq_cis`` (complex64 ``[T, 32]``) as the kernels read it: fp32 ``[T, 64]`` (re, im pairs)."""
-    if freq_cis is _FREQ[0] and freq_cis._version == _FREQ[1]:
-        return _FREQ[2]
+    """``freq_cis`` (complex64 ``[T, 32]``) as the kernels read it: fp32 ``[T, 64]`` (re, im pairs).
+
+    A view made on every call (about a microsecond), not memoised: a memo would keep the table
+    alive, and under ``torch.compile(mode="reduce-overhead")`` that table can live in the CUDA
+    graph pool, which CUDA-graph trees then refuse ("tensor(s) in the cudagraph pool not tracked
+    as outputs"; seen on the H200, 2026-12-02).
+    """
     if freq_cis.is_contiguous():
-        freq = freq_cis.view(torch.float32)  # [T, 32] complex64 -> [T, 64] fp32, no copy
-    else:
-        freq = torch.view_as_real(freq_cis).flatten(-2).contiguous()
-    _FREQ[:] = [freq_cis, freq_cis._version, freq]
-    return freq
+        return freq_cis.view(torch.float32)  # [T, 32] complex64 -> [T, 64] fp32, no copy
+    return torch.view_as_real(freq_cis).flatten(-2).contiguous()
