@@ -51,8 +51,12 @@
 // Decode grids of cluster kernels count whole resident clusters (Kernel::setup).
 // Decode: a team (block, cluster) handles a run of consecutive requests, as many as make the
 // grid one wave of resident blocks: it writes its share of each request's input row into the
-// state (row write_loc), then pools each request that closes a window (C4: seq_len % 4 == 0;
+// state (row write_loc) and pools each request that closes a window (C4: seq_len % 4 == 0;
 // C128: write_loc % 128 == 127; online: offset 127 emits, any other offset stores the state).
+// C128 copies the shares of all its requests first; C4 stages each request's share in shared
+// memory with cp.async as the request starts and writes it after issuing the pooling, and reads
+// its bias rows from a shared-memory copy staged once (128 registers, 4 blocks per SM: a
+// 512-request batch is one request per block).
 // Prefill: pass 1 (compress list) pools every valid plan row; pass 2 (write list) copies input
 // rows into the state (online: stores segment states). Pass 2 is launched after pass 1 with
 // programmatic dependent launch on SM90: it loads everything first and executes
@@ -60,10 +64,13 @@
 // must complete before a write of pass 2 lands (the two passes share rows).
 //
 // Store epilogue (store_pooled_row): the team writes its rounded row (slice) to shared memory.
-// One block per row: warp 0 loads the canonical warp layout (lane l holds dims 128j + 4l + i) and
-// calls store::store_row. A cluster of kCSplit blocks (C128): warp 0 of every block stores its
-// own 64 / 128-dim slice with store::store_slice; the blocks exchange only their slices' fp64
-// sums of squares through distributed shared memory, behind one cluster barrier per row.
+// One block per row: its operands were staged by cp.async while the row was pooled (the weight
+// blocks once, the RoPE row per stored row; store::StagedOperands), so warp 0 loads the
+// canonical warp layout (lane l holds dims 128j + 4l + i) and calls store::store_row_ops without
+// reading global memory. A cluster of kCSplit blocks (C128): warp 0 of every block loads its
+// slice's operands and stores its own 64 / 128-dim slice with store::store_slice; the blocks
+// exchange only their slices' fp64 sums of squares through distributed shared memory, behind
+// one cluster barrier per row.
 // HIP (no clusters, no PDL): a stored C128 row is one 512-thread block (Cfg::kHipWholeRow), a
 // "warp" is 32 aligned lanes (half a wave64; shuffles take a width), 32-thread teams sync with a
 // wavefront barrier; the rest is the CUDA code.
@@ -203,14 +210,15 @@ struct Cfg {
   // after the pooling, so the copy overlaps the window loads; the bias rows of the thread's
   // channels are staged once. C128 (a share is 32 vectors of a 512-thread block): all the
   // team's requests up front, loads in flight together (copy_rows_share); measured 1.45x faster
-  // than per-request staging at B = 512 (benchmarks/RESULTS.md). Stores: the weight blocks
-  // (kOpsBlocks; a cluster block stores one) and each stored row's RoPE row are staged, so the
-  // store epilogue loads nothing from global memory.
+  // than per-request staging at B = 512 (benchmarks/RESULTS.md). Stores by one block
+  // (kStageOps): the weight blocks and each stored row's RoPE row are staged, so the store
+  // epilogue loads nothing from global memory. A cluster block (C128) loads its slice's operands
+  // in the epilogue: staging them measured 5-13% slower C128 decode (RESULTS.md).
   static constexpr bool kCopyRows = kDecode && !kOnline;
   static constexpr int kCopyVecs = kInWidth / 4 / kCSplit;
   static constexpr bool kStageCopy = kCopyRows && kRatio == 4;
   static constexpr bool kStageApe = kDecode && kRatio == 4;
-  static constexpr int kOpsBlocks = kCluster ? 1 : H / 128;
+  static constexpr bool kStageOps = kStoreRows && !kCluster;
 
   static_assert(H % 128 == 0 && H % kChans == 0 && kChans % 4 == 0, "head dim: a multiple of 128");
   static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0 &&
@@ -425,7 +433,7 @@ struct Smem {
   // Staged by async copies (Cfg): the copy share, C4 decode's bias rows, the store operands.
   Vec<typename C::TIn, 4> copy[C::kTeams][C::kStageCopy ? C::kCopyVecs : 1];
   Vec<typename C::TIn, 4> ape[C::kTeams][C::kStageApe ? C::W * C::H / 4 : 1];
-  store::StagedOperands<C::kStoreRows ? C::kOpsBlocks : 1> ops[C::kStoreRows ? C::kTeams : 1];
+  store::StagedOperands<C::kStageOps ? C::H / 128 : 1> ops[C::kStageOps ? C::kTeams : 1];
 };
 
 template <class C>
@@ -592,7 +600,7 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
 #pragma unroll
           for (int i = 0; i < 4; ++i) y[i] = sm.row[team][128 * j + 4 * lane + i];
         }
-        ops = store::staged_operands<C::H>(a.store, j, 0, lane, sm.ops[team]);
+        ops = store::detail::block_operands<C::H>(a.store, j, lane, t.position);
         const double part = store::slice_sum_squares(y);
         if (lane < C::kCSplit) {
           auto cluster = cooperative_groups::this_cluster();
@@ -699,10 +707,10 @@ __device__ __forceinline__ void copy_rows_share(const CompressArgs& a, int64_t f
 }
 
 // Row-independent staging, once per kernel: C4 decode's bias rows of the thread's channels (the
-// only ones pool_entries reads), and the store's weight blocks (warp 0 of the team: the lanes
-// that store).
+// only ones pool_entries reads), and the store's weight blocks of a one-block store (warp 0 of
+// the team: the lanes that store).
 template <class C>
-__device__ __forceinline__ void stage_invariants(const CompressArgs& a, Smem<C>& sm, int team, int u, int rank) {
+__device__ __forceinline__ void stage_invariants(const CompressArgs& a, Smem<C>& sm, int team, int u) {
   using TIn = typename C::TIn;
   if constexpr (C::kStageApe) {
     const int c = 4 * (u % C::kVecs);
@@ -711,17 +719,12 @@ __device__ __forceinline__ void stage_invariants(const CompressArgs& a, Smem<C>&
       async_copy<sizeof(Vec<TIn, 4>)>(&sm.ape[team][(e * C::H + c) / 4], static_cast<const TIn*>(a.ape) + e * C::H + c);
     }
   }
-  if constexpr (C::kStoreRows) {
+  if constexpr (C::kStageOps) {
     if (u < 32) {
-      if constexpr (C::kCluster) {
-        store::stage_weight(a.store, rank * C::kChans / 128, 0, u, sm.ops[team]);
-      } else {
 #pragma unroll
-        for (int j = 0; j < C::H / 128; ++j) store::stage_weight(a.store, j, j, u, sm.ops[team]);
-      }
+      for (int j = 0; j < C::H / 128; ++j) store::stage_weight(a.store, j, j, u, sm.ops[team]);
     }
   }
-  (void)rank;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -752,7 +755,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
-  stage_invariants<C>(a, sm, team, u, rank);
+  stage_invariants<C>(a, sm, team, u);
   async_commit();
   copy_rows_share<C>(a, first, last, u, rank);
   int parity = 0;                            // store slot of the cluster's partial sums
@@ -792,7 +795,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       w.self_in = b;
     }
     t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
-    if constexpr (C::kStoreRows) {
+    if constexpr (C::kStageOps) {
       if (t.emit && u < 32) store::stage_rope(a.store, u, t.position, sm.ops[team]);
     }
     async_commit();
@@ -864,8 +867,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
     // Everything above only reads; the state store must wait for pass 1.
     pdl_wait();
   }
-  if constexpr (C::kStoreRows) {  // the store's operands fly while the row is pooled
-    stage_invariants<C>(a, sm, team, u, rank);
+  if constexpr (C::kStageOps) {  // the store's operands fly while the row is pooled
+    stage_invariants<C>(a, sm, team, u);
     if (u < 32) store::stage_rope(a.store, u, t.position, sm.ops[team]);
     async_commit();
   }

@@ -10,6 +10,10 @@
 //   position  RoPE row of args.freq (no bound check, like the peer)
 //   loc       cache slot: page = loc >> page_shift, slot = loc & (page_size - 1)
 //   All 32 lanes of the warp must call it together (butterfly shuffles, full mask).
+// store_row_ops<kHeadDim, kFmt>(v, ops, lane, loc, args)   -- the same with the lane's weight and
+//   RoPE operands already in hand: from block_operands (global memory, what store_row does) or
+//   staged_operands (shared-memory copies that stage_weight / stage_rope filled by cp.async; the
+//   compress kernel's epilogue, which stages them while it pools the row).
 //
 // Per row (fp32 unless noted; the reference is torch_backend/store.py):
 //   ss = sum x^2 in fp64 (exact squares; the reference's fp64 sum), rounded once to fp32
