@@ -19,6 +19,7 @@ import os
 import random
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -368,3 +369,17 @@ class _GoldenWorld:
     def __init__(self, d: dict) -> None:
         self.req_to_token = d["req_to_token"]
         self.full_to_state = d["full_to_state"]
+
+
+@requires_nvcc
+def test_ptxas_report_prints_every_kernel_of_a_variant() -> None:
+    """``scripts/ptxas_report.py`` builds a variant's kernel TU and reports each kernel's resources."""
+    env = dict(os.environ, CUDA_HOME=os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "ptxas_report.py"), "store:head_dim=128,fmt=idx_fp8,dtype=f32"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr
+    lines = [line for line in res.stdout.splitlines() if "regs" in line]
+    kernels = [line for line in lines if "store_kernel<128, 2, 0>" in line]
+    assert len(kernels) == 1, res.stdout
+    regs = int(kernels[0].split()[0])
+    assert 16 <= regs <= 255 and "spill" in kernels[0]
