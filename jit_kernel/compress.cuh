@@ -903,12 +903,7 @@ __global__ void __launch_bounds__(256) write_kernel(const CompressArgs a) {
   if (!valid) return;
   TState* dst = static_cast<TState*>(a.state) + static_cast<int64_t>(p.write_loc) * C::kStateWidth;
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    Vec<TState, 4> y;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) y.v[i] = from_float<TState>(to_float(x[j].v[i]));
-    store_vec<TState, 4>(dst + 4 * (lane + 32 * j), y);
-  }
+  for (int j = 0; j < kPerLane; ++j) store_state_vec<C>(dst + 4 * (lane + 32 * j), x[j]);
 }
 
 // ------------------------------------------------------------------------------------------
