@@ -253,6 +253,64 @@ def test_kernels_reproduce_golden(path: str) -> None:
 
 
 # ---------------------------------------------------------------------------
+# C128 decode batches where teams close many rows (whole-row rounds + slices)
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("closing", ["all", "most"])
+def test_c128_decode_many_closing_rows(closing: str) -> None:
+    """Large C128 decode batches: a team's closing requests are pooled in rounds of whole rows,
+    one row per block, and the remainder in slices by every block (decode_kernel). Against the
+    PyTorch backend on CPU copies (out and state), then the fused launch against the two-step GPU
+    path (V4 and bf16 caches: same bytes, same state)."""
+    from flashcompress.layouts import BF16_ROWS, MAIN_V4
+    from flashcompress.testing.oracle import deepseek_v4_freq_cis
+
+    B, H = 700, 512
+    state, r2t, f2s, ring = _decode_world(128, B, H, False, seed=3)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    ape = torch.randn((128, H), generator=g, device="cuda")
+    x = torch.randn((B, 2 * H), generator=g, device="cuda")
+    k = torch.randint(2, 30, (B,), generator=g, device="cuda")  # positions < 4096 (the world's table)
+    seq = 128 * k  # every request closes a window ...
+    if closing == "most":  # ... or about 3 in 4 do
+        seq = seq - (torch.rand((B,), generator=g, device="cuda") < 0.25).long() * torch.randint(
+            1, 127, (B,), generator=g, device="cuda")
+    rids = torch.arange(1, B + 1, device="cuda")
+    plan = _decode_plan(128, False, rids, seq, r2t, f2s, ring)
+    n_close = int((seq % 128 == 0).sum())
+    assert n_close >= (B if closing == "all" else B // 2)
+
+    # compress_forward: GPU against the PyTorch backend (CPU copies)
+    st_gpu, st_cpu = state.clone(), state.cpu()
+    out = flashcompress.compress_forward(st_gpu, x, ape, plan, head_dim=H, compress_ratio=128)
+    plan_cpu = type(plan)(128, plan[1].cpu(), is_online=False)
+    ref = flashcompress.compress_forward(st_cpu, x.cpu(), ape.cpu(), plan_cpu, head_dim=H, compress_ratio=128)
+    assert_out_parity(out.cpu(), ref, f"c128 decode B={B} {closing}: out")
+    assert_state_parity(st_gpu.cpu(), st_cpu, state.cpu(), False, H, f"c128 decode B={B} {closing}: state")
+
+    # compress_and_store: the fused launch against the two-step GPU path
+    freq = deepseek_v4_freq_cis(int(seq.max()) + 1).cuda()
+    w = torch.randn((H,), generator=g, device="cuda") * 0.1 + 1.0
+    out_loc = torch.randperm(2 * B, generator=g, device="cuda")[:B]
+    for bf16 in (False, True):
+        page = 2
+        shape = (B, BF16_ROWS.data_bytes * page) if bf16 else (B, MAIN_V4.page_bytes(page))  # 2B slots
+        cache0 = torch.randint(0, 256, shape, generator=g, device="cuda", dtype=torch.uint8)
+        kw = dict(norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=out_loc, page_size=page, bf16_store=bf16)
+        two_state, two_cache = state.clone(), cache0.clone()
+        kv = flashcompress.compress_forward(two_state, x, ape, plan, head_dim=H, compress_ratio=128)
+        flashcompress.compress_norm_rope_store(kv, plan, kvcache=two_cache, **kw)
+        f_state, f_cache = state.clone(), cache0.clone()
+        flashcompress.compress_and_store(f_state, x, ape, plan, head_dim=H, compress_ratio=128, kvcache=f_cache, **kw)
+        what = f"c128 decode B={B} {closing} {'bf16' if bf16 else 'v4'}"
+        assert torch.equal(f_state, two_state), f"{what}: state"
+        diff = (f_cache != two_cache).nonzero()
+        assert diff.numel() == 0, f"{what}: {diff.shape[0]} cache bytes differ, first at {diff[0].tolist()}"
+        assert not torch.equal(f_cache, cache0), f"{what}: nothing stored"
+
+
+# ---------------------------------------------------------------------------
 # CUDA graphs, streams, no host synchronisation
 # ---------------------------------------------------------------------------
 
