@@ -138,13 +138,8 @@ __device__ __forceinline__ void cluster_started_wait() {
 
 enum class Pass : int { kDecode = 0, kPrefill = 1, kOnlineWrite = 2 };
 
-// Entries in flight together per thread in the whole-row tile (A/B knob).
-#ifndef FC_WHOLE_BATCH
-#define FC_WHOLE_BATCH 2
-#endif
-
 template <int kRatio_, bool kOnline_, int kHeadDim_, DType kIn, DType kState, DType kOut,
-          StoreFormat kFmt_, Pass kPass_, bool kWholeTile_ = false>
+          StoreFormat kFmt_, Pass kPass_>
 struct Cfg {
   static constexpr int kRatio = kRatio_;
   static constexpr bool kOnline = kOnline_;
@@ -167,22 +162,25 @@ struct Cfg {
   // blocks, 16 splits of 8 entries: fewer, longer-lived blocks for bandwidth).
   static constexpr bool kOnlineDecode = kOnline && kDecode;
   static constexpr bool kWide = kRatio == 128 && !kOnlineDecode;
-  // The whole-row tile of a C128 row: one 512-thread block pools all H channels (4 splits of 32
-  // entries). Decode uses it for the rows a team closes in full rounds (decode_kernel); HIP, which
-  // has no thread block clusters, for every C128 row that is stored.
 #if FC_GPU_HIP
-  static constexpr bool kWholeTile = kWide && (kWholeTile_ || kStoreRows);
+  // HIP has no thread block clusters: a C128 row that is stored is pooled by one block (the
+  // whole row, 4 splits of 32 entries, 512 threads); rows that are not stored tile as on CUDA.
+  static constexpr bool kHipWholeRow = kWide && kStoreRows;
+  static constexpr int kChans = (!kWide || kHipWholeRow) ? H : (kDecode ? 64 : 128);
 #else
-  static constexpr bool kWholeTile = kWide && kWholeTile_;
+  static constexpr int kChans = !kWide ? H : (kDecode ? 64 : 128);
 #endif
-  static constexpr int kChans = (!kWide || kWholeTile) ? H : (kDecode ? 64 : 128);
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
-  static constexpr int kSplit = !kWide ? 1 : (kWholeTile ? 4 : (kDecode ? 32 : 16));
+#if FC_GPU_HIP
+  static constexpr int kSplit = !kWide ? 1 : (kHipWholeRow ? 4 : (kDecode ? 32 : 16));
+#else
+  static constexpr int kSplit = !kWide ? 1 : (kDecode ? 32 : 16);
+#endif
   static constexpr int kPerSplit = kEntries / kSplit;
   // Entries whose loads are in flight together (registers: 3 x 4 values per entry). 512-thread
   // blocks run two per SM within 64 registers; C4 prefill runs 6 blocks of 128 per SM.
-  static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kWholeTile ? FC_WHOLE_BATCH : (kWide ? 2 : (kDecode ? 8 : 4)));
+  static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kWide ? 2 : (kDecode ? 8 : 4));
   static constexpr int kVecs = kChans / 4;                 // channel vectors per slice
   static constexpr int kTeamThreads = kVecs * kSplit;
   static constexpr int kTeams = kTeamThreads >= 128 ? 1 : 128 / kTeamThreads;
@@ -190,22 +188,19 @@ struct Cfg {
 #if FC_GPU_HIP
   // __launch_bounds__' second argument is the minimum waves per SIMD on HIP, not blocks per SM:
   // the same residency (2 blocks of 512, 6 of 128 for C4 prefill) on a CDNA CU (4 SIMDs,
-  // wave64).
+  // wave64). Batches of a split unrolled at once: the 16 batches of a whole-row split, fully
+  // unrolled, spill (clang-19, gfx942 decode: 256 VGPRs + scratch; not unrolled: 127, none).
   static constexpr int kMinBlocks0 = kThreads >= 512 ? 2 : (kRatio == 4 && !kDecode ? 6 : 1);
   static constexpr int kMinBlocks = kMinBlocks0 * kThreads / 256 > 1 ? kMinBlocks0 * kThreads / 256 : 1;
+  static constexpr int kHipUnroll = kHipWholeRow ? 1 : kPerSplit / kBatch;
 #else
   // C4 decode: 4 blocks per SM (<= 128 registers), so a 512-request batch is one request per team.
   static constexpr int kMinBlocks = kThreads >= 512 ? 2 : (kRatio == 4 ? (kDecode ? 4 : 6) : 1);
 #endif
   static constexpr bool kCluster = kCSplit > 1 && kStoreRows;
-  // Batches of a split unrolled at once. HIP: the 16 batches of a whole-row split, fully
-  // unrolled, spill (clang-19, gfx942 decode: 256 VGPRs + scratch; not unrolled: 127, none);
-  // nvcc spills less with them unrolled (sm_90a C128 V4 decode: 136 against 184 bytes).
-  static constexpr int kUnroll = (FC_GPU_HIP && kWholeTile) ? 1 : kPerSplit / kBatch;
-  // C128 decode pools the closing rows of a team's full rounds (kCSplit rows per round) with the
-  // whole-row tile, one row per block, and the rest in slices (decode_kernel).
+  // C128 decode: a team's closing requests in full rounds of kCSplit are pooled one per block, the
+  // block running the kCSplit slices of its row one after the other (decode_kernel).
   static constexpr bool kWholeRounds = kWide && kDecode && kCSplit > 1;
-  using Whole = Cfg<kRatio_, kOnline_, kHeadDim_, kIn, kState, kOut, kFmt_, kPass_, true>;
   // Combining the splits: kLanes consecutive threads per channel, each merging kSplit / kLanes
   // partials, then a butterfly over the kLanes lanes.
   static constexpr int kLanes = kSplit == 1 ? 1 : kTeamThreads / kChans;
@@ -227,10 +222,6 @@ struct Cfg {
   static constexpr bool kStageCopy = kCopyRows && kRatio == 4;
   static constexpr bool kStageApe = kDecode && kRatio == 4;
   static constexpr bool kStageOps = kStoreRows && !kCluster;
-  // A one-block store of the whole-row tile: warp j stores the 128-dim slice j (store_slice; the
-  // slices' sums of squares meet in shared memory). Other one-block stores: warp 0 stores the row.
-  static constexpr bool kSlicedStore = kWholeTile && kStoreRows;
-  static constexpr int kStoreWarps = kSlicedStore ? H / 128 : 1;
 
   static_assert(H % 128 == 0 && H % kChans == 0 && kChans % 4 == 0, "head dim: a multiple of 128");
   static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0 &&
@@ -346,7 +337,11 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
   using RawIn = Vec<TIn, 4>;
   using RawState = Vec<TState, 4>;
   constexpr int B = C::kBatch;
-#pragma unroll C::kUnroll
+#if FC_GPU_HIP
+#pragma unroll C::kHipUnroll
+#else
+#pragma unroll
+#endif
   for (int b0 = 0; b0 < C::kPerSplit; b0 += B) {
     // Where each entry comes from: 0 = padding, 1 = input row, 2 = state row, 3 = the state row
     // this launch writes (read from its input row, rounded through TState).
@@ -435,38 +430,15 @@ struct Smem {
   float s[C::kTeams][kParts][kPartChans];
   float n[C::kTeams][kParts][kPartChans];
   float row[C::kTeams][C::kStoreRows ? C::H : 1];  // store epilogue: the rounded row (this block's slice)
+  // Cluster store: every block's fp64 sum of squares of its slice, written by each block into
+  // every block's copy (slot [row parity][rank]; two slots, so one cluster barrier per row).
+  double ss[C::kCluster ? 2 : 1][C::kCluster ? C::kCSplit : 1];
+  // A row of whole-row rounds is stored by kCSplit warps: each warp's slice sum of squares.
+  double part[C::kWholeRounds && C::kCluster ? C::kCSplit : 1];
   // Staged by async copies (Cfg): the copy share, C4 decode's bias rows, the store operands.
   Vec<typename C::TIn, 4> copy[C::kTeams][C::kStageCopy ? C::kCopyVecs : 1];
   Vec<typename C::TIn, 4> ape[C::kTeams][C::kStageApe ? C::W * C::H / 4 : 1];
   store::StagedOperands<C::kStageOps ? C::H / 128 : 1> ops[C::kStageOps ? C::kTeams : 1];
-  double part[C::kStoreWarps];  // sliced store: each warp's sum of squares
-};
-
-// Cluster store: every block's fp64 sum of squares of its slice, written by each block into
-// every block's copy (slot [row parity][rank]; two slots, so one cluster barrier per row). Kept
-// apart from the rows' scratch, which decode shares between the slice and whole-row tiles.
-template <class C>
-struct Exchange {
-  double ss[C::kCluster ? 2 : 1][C::kCluster ? C::kCSplit : 1];
-};
-
-// A kernel's shared memory. C128 decode: the slice tile's and the whole-row tile's scratch
-// share one region (a row ends with a block barrier before the next row touches it).
-template <class C, bool kWhole = C::kWholeRounds>
-struct KernelSmem {
-  Smem<C> rows;
-  Exchange<C> x;
-  __device__ Smem<C>& slice() { return rows; }
-};
-
-template <class C>
-struct KernelSmem<C, true> {
-  union Rows {
-    Smem<C> slice;
-    Smem<typename C::Whole> whole;
-  } rows;
-  Exchange<C> x;
-  __device__ Smem<C>& slice() { return rows.slice; }
 };
 
 template <class C>
@@ -604,78 +576,89 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   }
 }
 
+// One kChans-dim slice r of a row stored in kCSplit slices (C128): the slice's values from the
+// row buffer in the canonical warp layout (lane l holds dims 128j + 4l + i; a 64-dim slice fills
+// lanes 16h..16h+15, zeros elsewhere), its operands loaded from global memory, and its fp64 sum
+// of squares. Block r of a cluster and warp r of a block that pooled the whole row compute it
+// alike, and add the kCSplit sums in slice order: every slice gets the same norm factor.
+struct SlicePart {
+  float y[4];
+  store::detail::BlockOperands ops;
+  double ss;
+};
+
+template <class C>
+__device__ __forceinline__ SlicePart slice_part(const CompressArgs& a, const float* row, int r, int lane,
+                                                int64_t position) {
+  const int dim0 = r * C::kChans, j = dim0 / 128;
+  SlicePart p{};
+  if (store::slice_lane<C::kChans>(dim0, lane)) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p.y[i] = row[128 * j + 4 * lane + i];
+  }
+  p.ops = store::detail::block_operands<C::H>(a.store, j, lane, position);
+  p.ss = store::slice_sum_squares(p.y);
+  return p;
+}
+
+template <class C>
+__device__ __forceinline__ void store_slice_part(SlicePart& p, const double* parts, const RowTarget& t,
+                                                 const CompressArgs& a, int r, int lane) {
+  double ss = 0.0;
+#pragma unroll
+  for (int k = 0; k < C::kCSplit; ++k) ss += parts[k];
+  store::store_slice<C::H, C::kFmt, C::kChans>(p.y, p.ops, lane, r * C::kChans, ss, t.loc, a.store);
+}
+
 // Store the pooled row (its operands staged by stage_store_weight / stage_store_rope and waited
 // for). One block per row (kCSplit 1): warp 0 loads the canonical warp layout from shared memory
-// and calls store::store_row_ops. A cluster (kCSplit blocks of kChans channels):
-// warp 0 of every block stores its own slice; the blocks only exchange their slices' fp64 sums of
+// and calls store::store_row_ops. A cluster (kCSplit blocks of kChans channels): warp 0 of every
+// block stores its own slice (slice_part); the blocks only exchange their slices' fp64 sums of
 // squares through distributed shared memory, behind one cluster barrier. `parity` alternates per
-// stored row of a team (the slot the partial sums go to).
+// stored row of a team (the slot the partial sums go to). `whole` (C128 decode, whole-row rounds):
+// this block pooled every slice of the row; warp r stores slice r as block r of a cluster would,
+// the sums meeting in this block's shared memory.
 // `entry_pending`: the cluster's entry barrier phase (cluster_entry_arrive) is not yet waited
 // on by this thread; the first stored row waits on it before writing to other blocks.
 template <class C>
 __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const CompressArgs& a, Smem<C>& sm,
-                                                 Exchange<C>* x, int team, int u, int rank, int parity,
-                                                 bool& entry_pending) {
+                                                 int team, int u, int rank, int parity, bool& entry_pending,
+                                                 bool whole = false) {
   if constexpr (C::kStoreRows) {
     team_sync<C>();  // the row (slice) is complete in shared memory
 #if !FC_GPU_HIP
     if constexpr (C::kCluster) {
-      if (entry_pending) {  // every block of the cluster has started
+      if (entry_pending && !whole) {  // every block of the cluster has started
         cluster_started_wait();
         entry_pending = false;
       }
-      constexpr int kSlice = C::kChans;
-      const int dim0 = rank * kSlice, j = dim0 / 128, lane = u;
-      const bool warp0 = u < 32;
-      float y[4] = {0.f, 0.f, 0.f, 0.f};
-      store::detail::BlockOperands ops{};
-      if (warp0) {
-        if (store::slice_lane<kSlice>(dim0, lane)) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) y[i] = sm.row[team][128 * j + 4 * lane + i];
-        }
-        ops = store::detail::block_operands<C::H>(a.store, j, lane, t.position);
-        const double part = store::slice_sum_squares(y);
-        if (lane < C::kCSplit) {
+      const int r = whole ? u / 32 : rank, lane = u % 32;
+      const bool mine = u < (whole ? 32 * C::kCSplit : 32);
+      SlicePart p{};
+      if (mine) {
+        p = slice_part<C>(a, &sm.row[team][0], r, lane, t.position);
+        if (whole) {
+          if (lane == 0) sm.part[r] = p.ss;
+        } else if (lane < C::kCSplit) {
           auto cluster = cooperative_groups::this_cluster();
-          *cluster.map_shared_rank(&x->ss[parity][rank], lane) = part;
+          *cluster.map_shared_rank(&sm.ss[parity][rank], lane) = p.ss;
         }
       }
-      cooperative_groups::this_cluster().sync();  // every block's partial sum has landed
-      if (warp0) {
-        double ss = 0.0;
-#pragma unroll
-        for (int r = 0; r < C::kCSplit; ++r) ss += x->ss[parity][r];
-        store::store_slice<C::H, C::kFmt, kSlice>(y, ops, lane, dim0, ss, t.loc, a.store);
+      if (whole) {
+        team_sync<C>();  // every warp's partial sum has landed
+      } else {
+        cooperative_groups::this_cluster().sync();  // every block's partial sum has landed
       }
+      if (mine) store_slice_part<C>(p, whole ? sm.part : &sm.ss[parity][0], t, a, r, lane);
       team_sync<C>();  // the row buffer is reused by the team's next row
       return;
     }
 #endif
-    (void)x;
+    (void)whole;
     (void)rank;
     (void)parity;
     (void)entry_pending;
-    if constexpr (C::kSlicedStore) {
-      const int j = u / 32, lane = u % 32;
-      const bool store_warp = j < C::kStoreWarps;
-      float y[4] = {0.f, 0.f, 0.f, 0.f};
-      store::detail::BlockOperands ops{};
-      if (store_warp) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) y[i] = sm.row[team][128 * j + 4 * lane + i];
-        ops = store::staged_operands<C::H>(a.store, j, j, lane, sm.ops[team]);
-        const double part = store::slice_sum_squares(y);
-        if (lane == 0) sm.part[j] = part;
-      }
-      team_sync<C>();  // every warp's partial sum has landed
-      if (store_warp) {
-        double ss = 0.0;
-#pragma unroll
-        for (int r = 0; r < C::kStoreWarps; ++r) ss += sm.part[r];
-        store::store_slice<C::H, C::kFmt, 128>(y, ops, lane, 128 * j, ss, t.loc, a.store);
-      }
-    } else if (u < 32) {
+    if (u < 32) {
       float v[C::H / 32];
       store::detail::BlockOperands ops[C::H / 128];
 #pragma unroll
@@ -688,6 +671,19 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
     }
     team_sync<C>();  // the row buffer is reused by the team's next row
   }
+}
+
+// C128 decode, whole-row rounds: how many requests of [first, last) close a window (the same in
+// every block of the team's group: they read the same plan rows).
+template <class C>
+__device__ __forceinline__ int closing_rows(const CompressArgs& a, int64_t first, int64_t last) {
+  const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
+  int n = 0;
+  for (int64_t b0 = first; b0 < last; b0 += C::kThreads) {  // uniform across the block
+    const int64_t b = b0 + static_cast<int64_t>(threadIdx.x);
+    n += __syncthreads_count(b < last && plan[b].write_loc % 128 == 127);
+  }
+  return n;
 }
 
 // Zero this block's slice of output row `row` (kNone rows that close no window).
@@ -773,22 +769,11 @@ __device__ __forceinline__ void stage_invariants(const CompressArgs& a, Smem<C>&
       async_copy<sizeof(Vec<TIn, 4>)>(&sm.ape[team][(e * C::H + c) / 4], static_cast<const TIn*>(a.ape) + e * C::H + c);
     }
   }
-  if constexpr (C::kSlicedStore) {
-    if (u < 32 * C::kStoreWarps) store::stage_weight(a.store, u / 32, u / 32, u % 32, sm.ops[team]);
-  } else if constexpr (C::kStageOps) {
+  if constexpr (C::kStageOps) {
     if (u < 32) {
 #pragma unroll
       for (int j = 0; j < C::H / 128; ++j) store::stage_weight(a.store, j, j, u, sm.ops[team]);
     }
-  }
-}
-
-// The RoPE row of a stored row at `position`, staged by the lanes that read it back (lanes 16-31
-// of the warp that stores the last 128-dim block).
-template <class C>
-__device__ __forceinline__ void stage_row_rope(const CompressArgs& a, Smem<C>& sm, int team, int u, int64_t position) {
-  if constexpr (C::kStageOps) {
-    if (u / 32 == C::kStoreWarps - 1) store::stage_rope(a.store, u % 32, position, sm.ops[team]);
   }
 }
 
@@ -804,36 +789,6 @@ __device__ __forceinline__ void block_coords(int& rank, int64_t& group, int& tea
   u = static_cast<int>(threadIdx.x) % C::kTeamThreads;
 }
 
-// C128 decode: how many requests of [first, last) close a window (the same in every block of
-// the team's group: they read the same plan rows).
-template <class C>
-__device__ __forceinline__ int64_t closing_rows(const CompressArgs& a, int64_t first, int64_t last) {
-  const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
-  int64_t n = 0;
-  for (int64_t b0 = first; b0 < last; b0 += C::kThreads) {  // uniform across the block
-    const int64_t b = b0 + static_cast<int64_t>(threadIdx.x);
-    n += __syncthreads_count(b < last && plan[b].write_loc % 128 == 127);
-  }
-  return n;
-}
-
-// C128 decode: a closing row pooled and stored by this block alone, with the whole-row tile.
-// `first_row`: the block's first such row also stages the store's weight blocks.
-template <class C>
-__device__ __forceinline__ void whole_row(const Window& w, const RowTarget& t, const CompressArgs& a,
-                                          Smem<typename C::Whole>& sm, int u, bool first_row) {
-  using W = typename C::Whole;
-  if constexpr (W::kStageOps) {  // the store's operands fly while the row is pooled
-    if (first_row) stage_invariants<W>(a, sm, 0, u);
-    stage_row_rope<W>(a, sm, 0, u, t.position);
-    async_commit();
-  }
-  pool_row<W>(w, t, a, sm, 0, u, 0);
-  async_wait<0>();
-  bool no_cluster = false;
-  store_pooled_row<W>(t, a, sm, nullptr, 0, u, 0, 0, no_cluster);
-}
-
 // Decode: a team handles requests [first, first + a.reqs_per_team), one after the other. C128
 // copies the team's share of all their input rows into the state first; C4 stages each
 // request's share (async) as the request starts. Per request the team reads the plan row, pools
@@ -842,8 +797,7 @@ __device__ __forceinline__ void whole_row(const Window& w, const RowTarget& t, c
 // for two memory round trips, {plan row, input share} and {window rows, RoPE row}.
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(const CompressArgs a) {
-  __shared__ KernelSmem<C> ks;
-  Smem<C>& sm = ks.slice();
+  __shared__ Smem<C> sm;
   int rank, team, u;
   int64_t group;
   block_coords<C>(rank, group, team, u);
@@ -854,9 +808,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   stage_invariants<C>(a, sm, team, u);
   async_commit();
   copy_rows_share<C>(a, first, last, u, rank);
-  // C128: the team's first kCSplit * floor(closing / kCSplit) closing requests are pooled in
-  // rounds of whole rows, request k by block k % kCSplit; the rest in slices by every block.
-  int64_t whole_rows = 0, closing = 0;
+  // C128: the team's first kCSplit * floor(closing / kCSplit) closing requests go in rounds, one
+  // request per block (request k to block k % kCSplit: whole_row); the rest in slices, every block
+  // pooling its slice of each.
+  int whole_rows = 0, closing = 0;
   if constexpr (C::kWholeRounds) whole_rows = closing_rows<C>(a, first, last) / C::kCSplit * C::kCSplit;
   int parity = 0;                            // store slot of the cluster's partial sums
   bool entry_pending = C::kCluster;
@@ -895,7 +850,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       w.self_in = b;
     }
     t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
-    if (t.emit) stage_row_rope<C>(a, sm, team, u, t.position);
+    if constexpr (C::kStageOps) {
+      if (t.emit && u < 32) store::stage_rope(a.store, u, t.position, sm.ops[team]);
+    }
     async_commit();
     if (!C::kOnline && !t.emit) {  // only the copy: nothing pooled, nothing stored
       async_wait<0>();
@@ -903,19 +860,22 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
       continue;
     }
+    // The slices this block pools: its own, or all of a whole-row round's request it owns.
+    bool whole = false;
     if constexpr (C::kWholeRounds) {
-      const int64_t k = closing++;
-      if (k < whole_rows) {
-        if (k % C::kCSplit == rank) whole_row<C>(w, t, a, ks.rows.whole, u, k < C::kCSplit);
-        continue;
-      }
+      const int k = closing++;
+      whole = k < whole_rows;
+      if (whole && k % C::kCSplit != rank) continue;  // another block's request of the round
     }
     async_wait<1>();  // the row-independent stage (the bias) has landed; this row's may fly on
-    pool_row<C>(w, t, a, sm, team, u, rank);
+#pragma unroll 1
+    for (int r = whole ? 0 : rank; r < (whole ? C::kCSplit : rank + 1); ++r) pool_row<C>(w, t, a, sm, team, u, r);
     async_wait<0>();
     write_copy<C>(a, sm, team, u, rank, p.write_loc);
-    if (t.emit) {
-      store_pooled_row<C>(t, a, sm, &ks.x, team, u, rank, parity, entry_pending);
+    if (whole) {
+      store_pooled_row<C>(t, a, sm, team, u, rank, 0, entry_pending, true);
+    } else if (t.emit) {
+      store_pooled_row<C>(t, a, sm, team, u, rank, parity, entry_pending);
       parity ^= 1;
     } else if constexpr (!C::kStoreRows) {
       zero_out_row<C>(a, b, u, rank);
@@ -926,8 +886,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
 // Prefill pass 1 (and the online write list, Pass::kOnlineWrite): one team per plan row.
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(const CompressArgs a) {
-  __shared__ KernelSmem<C> ks;
-  Smem<C>& sm = ks.slice();
+  __shared__ Smem<C> sm;
   int rank, team, u;
   int64_t group;
   block_coords<C>(rank, group, team, u);
@@ -975,13 +934,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   }
   if constexpr (C::kStageOps) {  // the store's operands fly while the row is pooled
     stage_invariants<C>(a, sm, team, u);
-    stage_row_rope<C>(a, sm, team, u, t.position);
+    if (u < 32) store::stage_rope(a.store, u, t.position, sm.ops[team]);
     async_commit();
   }
   pool_row<C>(w, t, a, sm, team, u, rank);
   async_wait<0>();
   bool entry_pending = C::kCluster;
-  store_pooled_row<C>(t, a, sm, &ks.x, team, u, rank, 0, entry_pending);
+  store_pooled_row<C>(t, a, sm, team, u, rank, 0, entry_pending);
   if constexpr (!kWriteList) pdl_launch_dependents();
 }
 

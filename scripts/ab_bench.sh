@@ -56,7 +56,7 @@ for name in "${names[@]}"; do
   if [ "$name" != head ]; then
     tree="/tmp/ab-tree-$name"
     rm -rf "$tree" && mkdir -p "$tree"
-    cp -r "$ROOT/python" "$ROOT/templates" "$ROOT/benchmarks" "$ROOT/pyproject.toml" "$tree/"
+    cp -r "$ROOT/python" "$ROOT/templates" "$ROOT/benchmarks" "$ROOT/pyproject.toml" "$ROOT/.cache-config.toml" "$tree/"
     cp -r "$AB_DIR/$name" "$tree/jit_kernel"
   fi
   (cd "$tree" && PYTHONPATH="$tree/python${PYTHONPATH:+:$PYTHONPATH}" FLASHCOMPRESS_CACHE_DIR="/tmp/ab-cache-$name" \
