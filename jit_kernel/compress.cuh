@@ -138,6 +138,21 @@ __device__ __forceinline__ void cluster_started_wait() {
 
 enum class Pass : int { kDecode = 0, kPrefill = 1, kOnlineWrite = 2 };
 
+// C128 decode whole-row rounds (whole_rounds), A/B knobs: prefetch each slice's entries into L2
+// while the previous slice is pooled; keep the rounds out of line (their registers apart from the
+// slice loop's).
+#ifndef FC_WHOLE_PREFETCH
+#define FC_WHOLE_PREFETCH 1
+#endif
+#ifndef FC_WHOLE_NOINLINE
+#define FC_WHOLE_NOINLINE 1
+#endif
+#if FC_WHOLE_NOINLINE
+#define FC_WHOLE_INLINE __noinline__
+#else
+#define FC_WHOLE_INLINE __forceinline__
+#endif
+
 template <int kRatio_, bool kOnline_, int kHeadDim_, DType kIn, DType kState, DType kOut,
           StoreFormat kFmt_, Pass kPass_>
 struct Cfg {
@@ -789,8 +804,106 @@ __device__ __forceinline__ void block_coords(int& rank, int64_t& group, int& tea
   u = static_cast<int>(threadIdx.x) % C::kTeamThreads;
 }
 
+// Request b of a decode batch as a pooled row: its window and what the row does.
+template <class C>
+__device__ __forceinline__ void decode_row(const CompressArgs& a, const DecodePlan& p, int64_t b, Window& w,
+                                           RowTarget& t) {
+  t = RowTarget{};
+  t.out_row = b;
+  t.loc = C::kStoreRows ? a.out_loc[b] : 0;
+  t.merge_slot = -1;
+  t.state_slot = -1;
+  w = Window{};
+  w.self_row = -1;
+  if constexpr (C::kOnline) {
+    // Fold the token into the slot; emit at offset 127, else store the state at write_loc.
+    const int off = static_cast<int>((p.seq_len - 1u) % 128u);
+    t.emit = off == 127;
+    t.merge_slot = off == 0 ? -1 : p.read_page_0;
+    t.state_slot = t.emit ? -1 : p.write_loc;
+    w.q_first = b;
+    w.lo = 0;
+    w.hi = 1;
+    w.bias_base = off;
+  } else {
+    if constexpr (C::kRatio == 4) {
+      t.emit = p.seq_len % 4u == 0;
+      w.lo = p.seq_len > 4 ? 0 : 4;
+    } else {
+      t.emit = p.write_loc % 128 == 127;
+    }
+    w.hi = C::W;
+    w.buf_len = C::W;
+    w.page0 = p.read_page_0;
+    w.page1 = p.read_page_1;
+    w.self_row = p.write_loc;  // read back from this request's input row, not the state
+    w.self_in = b;
+  }
+  t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
+}
+
+// Bring this thread's window entries of slice r (the loads pool_row<C> issues for it) into L2
+// ahead of their loads: no registers held, the DRAM reads overlap the pooling of slice r - 1.
+template <class C>
+__device__ __forceinline__ void prefetch_slice(const CompressArgs& a, const Window& w, int u, int r) {
+#if !FC_GPU_HIP
+  const int c = r * C::kChans + 4 * (u % C::kVecs), e0 = (u / C::kVecs) * C::kPerSplit;
+#pragma unroll
+  for (int k = 0; k < C::kPerSplit; ++k) {
+    const int e = e0 + k;
+    const int64_t srow = state_row_of<C>(w, e);
+    const char* row = srow == w.self_row
+                          ? reinterpret_cast<const char*>(static_cast<const typename C::TIn*>(a.input) + w.self_in * C::kInWidth)
+                          : reinterpret_cast<const char*>(static_cast<const typename C::TState*>(a.state) + srow * C::kStateWidth);
+    const int es = srow == w.self_row ? sizeof(typename C::TIn) : sizeof(typename C::TState);
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + es * (kv_col<C>(e) + c)));
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + es * (score_col<C>(e) + c)));
+  }
+#else
+  (void)a;
+  (void)w;
+  (void)u;
+  (void)r;
+#endif
+}
+
+// C128 decode, whole-row rounds: the team's closing requests k < whole_rows go one per block
+// (request k to block k % kCSplit). The block pools its request's kCSplit slices one after the
+// other with the slice tile's code and arithmetic (a row's bytes do not depend on how it was
+// scheduled), each slice's entries prefetched while the previous one is pooled, and stores the
+// row with one warp per slice. Requests that close no window get their kNone zeros. Returns the
+// first request after the rounds (the slice loop goes on from there).
+template <class C>
+__device__ FC_WHOLE_INLINE int64_t whole_rounds(const CompressArgs& a, Smem<C>& sm, int64_t first, int64_t last, int whole_rows,
+                                int u, int rank) {
+  const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
+  int k = 0;
+  int64_t b = first;
+  bool no_cluster_wait = false;
+  for (; b < last && k < whole_rows; ++b) {  // uniform across the cluster
+    const DecodePlan p = plan[b];
+    if (p.write_loc % 128 != 127) {
+      if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
+      continue;
+    }
+    if (k++ % C::kCSplit != rank) continue;
+    Window w;
+    RowTarget t;
+    decode_row<C>(a, p, b, w, t);
+    if (FC_WHOLE_PREFETCH) prefetch_slice<C>(a, w, u, 0);
+#pragma unroll 1
+    for (int r = 0; r < C::kCSplit; ++r) {
+      if (FC_WHOLE_PREFETCH && r + 1 < C::kCSplit) prefetch_slice<C>(a, w, u, r + 1);
+      pool_row<C>(w, t, a, sm, 0, u, r);
+    }
+    store_pooled_row<C>(t, a, sm, 0, u, rank, 0, no_cluster_wait, true);
+  }
+  return b;
+}
+
 // Decode: a team handles requests [first, first + a.reqs_per_team), one after the other. C128
-// copies the team's share of all their input rows into the state first; C4 stages each
+// copies the team's share of all their input rows into the state first, and pools its closing
+// requests in whole-row rounds while at least kCSplit remain (whole_rounds); C4 stages each
 // request's share (async) as the request starts. Per request the team reads the plan row, pools
 // the request if it closes a window (the staged copy and store operands fly meanwhile), then
 // writes the staged copy into the state and stores the pooled row: a closing C4 request waits
@@ -808,48 +921,19 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   stage_invariants<C>(a, sm, team, u);
   async_commit();
   copy_rows_share<C>(a, first, last, u, rank);
-  // C128: the team's first kCSplit * floor(closing / kCSplit) closing requests go in rounds, one
-  // request per block (request k to block k % kCSplit: whole_row); the rest in slices, every block
-  // pooling its slice of each.
-  int whole_rows = 0, closing = 0;
-  if constexpr (C::kWholeRounds) whole_rows = closing_rows<C>(a, first, last) / C::kCSplit * C::kCSplit;
+  int64_t b = first;
+  if constexpr (C::kWholeRounds) {
+    const int whole_rows = closing_rows<C>(a, first, last) / C::kCSplit * C::kCSplit;
+    if (whole_rows > 0) b = whole_rounds<C>(a, sm, first, last, whole_rows, u, rank);
+  }
   int parity = 0;                            // store slot of the cluster's partial sums
   bool entry_pending = C::kCluster;
-  for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
+  for (; b < last; ++b) {  // uniform across the team (and the cluster)
     stage_copy<C>(a, sm, team, u, rank, b);
     const DecodePlan p = plan[b];
-    RowTarget t{};
-    t.out_row = b;
-    t.loc = C::kStoreRows ? a.out_loc[b] : 0;
-    t.merge_slot = -1;
-    t.state_slot = -1;
-    Window w{};
-    w.self_row = -1;
-    if constexpr (C::kOnline) {
-      // Fold the token into the slot; emit at offset 127, else store the state at write_loc.
-      const int off = static_cast<int>((p.seq_len - 1u) % 128u);
-      t.emit = off == 127;
-      t.merge_slot = off == 0 ? -1 : p.read_page_0;
-      t.state_slot = t.emit ? -1 : p.write_loc;
-      w.q_first = b;
-      w.lo = 0;
-      w.hi = 1;
-      w.bias_base = off;
-    } else {
-      if constexpr (C::kRatio == 4) {
-        t.emit = p.seq_len % 4u == 0;
-        w.lo = p.seq_len > 4 ? 0 : 4;
-      } else {
-        t.emit = p.write_loc % 128 == 127;
-      }
-      w.hi = C::W;
-      w.buf_len = C::W;
-      w.page0 = p.read_page_0;
-      w.page1 = p.read_page_1;
-      w.self_row = p.write_loc;  // read back from this request's input row, not the state
-      w.self_in = b;
-    }
-    t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
+    Window w;
+    RowTarget t;
+    decode_row<C>(a, p, b, w, t);
     if constexpr (C::kStageOps) {
       if (t.emit && u < 32) store::stage_rope(a.store, u, t.position, sm.ops[team]);
     }
@@ -860,21 +944,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
       continue;
     }
-    // The slices this block pools: its own, or all of a whole-row round's request it owns.
-    bool whole = false;
-    if constexpr (C::kWholeRounds) {
-      const int k = closing++;
-      whole = k < whole_rows;
-      if (whole && k % C::kCSplit != rank) continue;  // another block's request of the round
-    }
     async_wait<1>();  // the row-independent stage (the bias) has landed; this row's may fly on
-#pragma unroll 1
-    for (int r = whole ? 0 : rank; r < (whole ? C::kCSplit : rank + 1); ++r) pool_row<C>(w, t, a, sm, team, u, r);
+    pool_row<C>(w, t, a, sm, team, u, rank);
     async_wait<0>();
     write_copy<C>(a, sm, team, u, rank, p.write_loc);
-    if (whole) {
-      store_pooled_row<C>(t, a, sm, team, u, rank, 0, entry_pending, true);
-    } else if (t.emit) {
+    if (t.emit) {
       store_pooled_row<C>(t, a, sm, team, u, rank, parity, entry_pending);
       parity ^= 1;
     } else if constexpr (!C::kStoreRows) {

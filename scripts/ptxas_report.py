@@ -72,10 +72,10 @@ def report(spec: str, defines: list[str], nvcc: str) -> list[str]:
         names = _demangle(list(per))
         lines.append(key.describe())
         for mangled, d in per.items():
-            if "regs" not in d:
+            if "regs" not in d and "sst" not in d:
                 continue
             short = re.sub(r"flashcompress::|\(flashcompress::\w+\)|compress::", "", names[mangled])[:150]
-            lines.append(f"  {d['regs']:>4} regs  frame {d.get('frame', '0'):>4}  spill {d.get('sst', '0')}/{d.get('sld', '0')}"
+            lines.append(f"  {d.get('regs', '-'):>4} regs  frame {d.get('frame', '0'):>4}  spill {d.get('sst', '0')}/{d.get('sld', '0')}"
                          f"  smem {d.get('smem', '0'):>6}  {short}")
     return lines
 
