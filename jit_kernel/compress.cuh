@@ -138,21 +138,6 @@ __device__ __forceinline__ void cluster_started_wait() {
 
 enum class Pass : int { kDecode = 0, kPrefill = 1, kOnlineWrite = 2 };
 
-// C128 decode whole-row rounds (whole_rounds), A/B knobs: prefetch each slice's entries into L2
-// while the previous slice is pooled; keep the rounds out of line (their registers apart from the
-// slice loop's).
-#ifndef FC_WHOLE_PREFETCH
-#define FC_WHOLE_PREFETCH 1
-#endif
-#ifndef FC_WHOLE_NOINLINE
-#define FC_WHOLE_NOINLINE 1
-#endif
-#if FC_WHOLE_NOINLINE
-#define FC_WHOLE_INLINE __noinline__
-#else
-#define FC_WHOLE_INLINE __forceinline__
-#endif
-
 template <int kRatio_, bool kOnline_, int kHeadDim_, DType kIn, DType kState, DType kOut,
           StoreFormat kFmt_, Pass kPass_>
 struct Cfg {
@@ -213,9 +198,6 @@ struct Cfg {
   static constexpr int kMinBlocks = kThreads >= 512 ? 2 : (kRatio == 4 ? (kDecode ? 4 : 6) : 1);
 #endif
   static constexpr bool kCluster = kCSplit > 1 && kStoreRows;
-  // C128 decode: a team's closing requests in full rounds of kCSplit are pooled one per block, the
-  // block running the kCSplit slices of its row one after the other (decode_kernel).
-  static constexpr bool kWholeRounds = kWide && kDecode && kCSplit > 1;
   // Combining the splits: kLanes consecutive threads per channel, each merging kSplit / kLanes
   // partials, then a butterfly over the kLanes lanes.
   static constexpr int kLanes = kSplit == 1 ? 1 : kTeamThreads / kChans;
@@ -448,8 +430,6 @@ struct Smem {
   // Cluster store: every block's fp64 sum of squares of its slice, written by each block into
   // every block's copy (slot [row parity][rank]; two slots, so one cluster barrier per row).
   double ss[C::kCluster ? 2 : 1][C::kCluster ? C::kCSplit : 1];
-  // A row of whole-row rounds is stored by kCSplit warps: each warp's slice sum of squares.
-  double part[C::kWholeRounds && C::kCluster ? C::kCSplit : 1];
   // Staged by async copies (Cfg): the copy share, C4 decode's bias rows, the store operands.
   Vec<typename C::TIn, 4> copy[C::kTeams][C::kStageCopy ? C::kCopyVecs : 1];
   Vec<typename C::TIn, 4> ape[C::kTeams][C::kStageApe ? C::W * C::H / 4 : 1];
@@ -591,85 +571,53 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   }
 }
 
-// One kChans-dim slice r of a row stored in kCSplit slices (C128): the slice's values from the
-// row buffer in the canonical warp layout (lane l holds dims 128j + 4l + i; a 64-dim slice fills
-// lanes 16h..16h+15, zeros elsewhere), its operands loaded from global memory, and its fp64 sum
-// of squares. Block r of a cluster and warp r of a block that pooled the whole row compute it
-// alike, and add the kCSplit sums in slice order: every slice gets the same norm factor.
-struct SlicePart {
-  float y[4];
-  store::detail::BlockOperands ops;
-  double ss;
-};
-
-template <class C>
-__device__ __forceinline__ SlicePart slice_part(const CompressArgs& a, const float* row, int r, int lane,
-                                                int64_t position) {
-  const int dim0 = r * C::kChans, j = dim0 / 128;
-  SlicePart p{};
-  if (store::slice_lane<C::kChans>(dim0, lane)) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) p.y[i] = row[128 * j + 4 * lane + i];
-  }
-  p.ops = store::detail::block_operands<C::H>(a.store, j, lane, position);
-  p.ss = store::slice_sum_squares(p.y);
-  return p;
-}
-
-template <class C>
-__device__ __forceinline__ void store_slice_part(SlicePart& p, const double* parts, const RowTarget& t,
-                                                 const CompressArgs& a, int r, int lane) {
-  double ss = 0.0;
-#pragma unroll
-  for (int k = 0; k < C::kCSplit; ++k) ss += parts[k];
-  store::store_slice<C::H, C::kFmt, C::kChans>(p.y, p.ops, lane, r * C::kChans, ss, t.loc, a.store);
-}
-
 // Store the pooled row (its operands staged by stage_store_weight / stage_store_rope and waited
 // for). One block per row (kCSplit 1): warp 0 loads the canonical warp layout from shared memory
-// and calls store::store_row_ops. A cluster (kCSplit blocks of kChans channels): warp 0 of every
-// block stores its own slice (slice_part); the blocks only exchange their slices' fp64 sums of
+// and calls store::store_row_ops. A cluster (kCSplit blocks of kChans channels):
+// warp 0 of every block stores its own slice; the blocks only exchange their slices' fp64 sums of
 // squares through distributed shared memory, behind one cluster barrier. `parity` alternates per
-// stored row of a team (the slot the partial sums go to). `whole` (C128 decode, whole-row rounds):
-// this block pooled every slice of the row; warp r stores slice r as block r of a cluster would,
-// the sums meeting in this block's shared memory.
+// stored row of a team (the slot the partial sums go to).
 // `entry_pending`: the cluster's entry barrier phase (cluster_entry_arrive) is not yet waited
 // on by this thread; the first stored row waits on it before writing to other blocks.
 template <class C>
 __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const CompressArgs& a, Smem<C>& sm,
-                                                 int team, int u, int rank, int parity, bool& entry_pending,
-                                                 bool whole = false) {
+                                                 int team, int u, int rank, int parity, bool& entry_pending) {
   if constexpr (C::kStoreRows) {
     team_sync<C>();  // the row (slice) is complete in shared memory
 #if !FC_GPU_HIP
     if constexpr (C::kCluster) {
-      if (entry_pending && !whole) {  // every block of the cluster has started
+      if (entry_pending) {  // every block of the cluster has started
         cluster_started_wait();
         entry_pending = false;
       }
-      const int r = whole ? u / 32 : rank, lane = u % 32;
-      const bool mine = u < (whole ? 32 * C::kCSplit : 32);
-      SlicePart p{};
-      if (mine) {
-        p = slice_part<C>(a, &sm.row[team][0], r, lane, t.position);
-        if (whole) {
-          if (lane == 0) sm.part[r] = p.ss;
-        } else if (lane < C::kCSplit) {
+      constexpr int kSlice = C::kChans;
+      const int dim0 = rank * kSlice, j = dim0 / 128, lane = u;
+      const bool warp0 = u < 32;
+      float y[4] = {0.f, 0.f, 0.f, 0.f};
+      store::detail::BlockOperands ops{};
+      if (warp0) {
+        if (store::slice_lane<kSlice>(dim0, lane)) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) y[i] = sm.row[team][128 * j + 4 * lane + i];
+        }
+        ops = store::detail::block_operands<C::H>(a.store, j, lane, t.position);
+        const double part = store::slice_sum_squares(y);
+        if (lane < C::kCSplit) {
           auto cluster = cooperative_groups::this_cluster();
-          *cluster.map_shared_rank(&sm.ss[parity][rank], lane) = p.ss;
+          *cluster.map_shared_rank(&sm.ss[parity][rank], lane) = part;
         }
       }
-      if (whole) {
-        team_sync<C>();  // every warp's partial sum has landed
-      } else {
-        cooperative_groups::this_cluster().sync();  // every block's partial sum has landed
+      cooperative_groups::this_cluster().sync();  // every block's partial sum has landed
+      if (warp0) {
+        double ss = 0.0;
+#pragma unroll
+        for (int r = 0; r < C::kCSplit; ++r) ss += sm.ss[parity][r];
+        store::store_slice<C::H, C::kFmt, kSlice>(y, ops, lane, dim0, ss, t.loc, a.store);
       }
-      if (mine) store_slice_part<C>(p, whole ? sm.part : &sm.ss[parity][0], t, a, r, lane);
       team_sync<C>();  // the row buffer is reused by the team's next row
       return;
     }
 #endif
-    (void)whole;
     (void)rank;
     (void)parity;
     (void)entry_pending;
@@ -686,19 +634,6 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
     }
     team_sync<C>();  // the row buffer is reused by the team's next row
   }
-}
-
-// C128 decode, whole-row rounds: how many requests of [first, last) close a window (the same in
-// every block of the team's group: they read the same plan rows).
-template <class C>
-__device__ __forceinline__ int closing_rows(const CompressArgs& a, int64_t first, int64_t last) {
-  const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
-  int n = 0;
-  for (int64_t b0 = first; b0 < last; b0 += C::kThreads) {  // uniform across the block
-    const int64_t b = b0 + static_cast<int64_t>(threadIdx.x);
-    n += __syncthreads_count(b < last && plan[b].write_loc % 128 == 127);
-  }
-  return n;
 }
 
 // Zero this block's slice of output row `row` (kNone rows that close no window).
@@ -804,106 +739,8 @@ __device__ __forceinline__ void block_coords(int& rank, int64_t& group, int& tea
   u = static_cast<int>(threadIdx.x) % C::kTeamThreads;
 }
 
-// Request b of a decode batch as a pooled row: its window and what the row does.
-template <class C>
-__device__ __forceinline__ void decode_row(const CompressArgs& a, const DecodePlan& p, int64_t b, Window& w,
-                                           RowTarget& t) {
-  t = RowTarget{};
-  t.out_row = b;
-  t.loc = C::kStoreRows ? a.out_loc[b] : 0;
-  t.merge_slot = -1;
-  t.state_slot = -1;
-  w = Window{};
-  w.self_row = -1;
-  if constexpr (C::kOnline) {
-    // Fold the token into the slot; emit at offset 127, else store the state at write_loc.
-    const int off = static_cast<int>((p.seq_len - 1u) % 128u);
-    t.emit = off == 127;
-    t.merge_slot = off == 0 ? -1 : p.read_page_0;
-    t.state_slot = t.emit ? -1 : p.write_loc;
-    w.q_first = b;
-    w.lo = 0;
-    w.hi = 1;
-    w.bias_base = off;
-  } else {
-    if constexpr (C::kRatio == 4) {
-      t.emit = p.seq_len % 4u == 0;
-      w.lo = p.seq_len > 4 ? 0 : 4;
-    } else {
-      t.emit = p.write_loc % 128 == 127;
-    }
-    w.hi = C::W;
-    w.buf_len = C::W;
-    w.page0 = p.read_page_0;
-    w.page1 = p.read_page_1;
-    w.self_row = p.write_loc;  // read back from this request's input row, not the state
-    w.self_in = b;
-  }
-  t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
-}
-
-// Bring this thread's window entries of slice r (the loads pool_row<C> issues for it) into L2
-// ahead of their loads: no registers held, the DRAM reads overlap the pooling of slice r - 1.
-template <class C>
-__device__ __forceinline__ void prefetch_slice(const CompressArgs& a, const Window& w, int u, int r) {
-#if !FC_GPU_HIP
-  const int c = r * C::kChans + 4 * (u % C::kVecs), e0 = (u / C::kVecs) * C::kPerSplit;
-#pragma unroll
-  for (int k = 0; k < C::kPerSplit; ++k) {
-    const int e = e0 + k;
-    const int64_t srow = state_row_of<C>(w, e);
-    const char* row = srow == w.self_row
-                          ? reinterpret_cast<const char*>(static_cast<const typename C::TIn*>(a.input) + w.self_in * C::kInWidth)
-                          : reinterpret_cast<const char*>(static_cast<const typename C::TState*>(a.state) + srow * C::kStateWidth);
-    const int es = srow == w.self_row ? sizeof(typename C::TIn) : sizeof(typename C::TState);
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + es * (kv_col<C>(e) + c)));
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(row + es * (score_col<C>(e) + c)));
-  }
-#else
-  (void)a;
-  (void)w;
-  (void)u;
-  (void)r;
-#endif
-}
-
-// C128 decode, whole-row rounds: the team's closing requests k < whole_rows go one per block
-// (request k to block k % kCSplit). The block pools its request's kCSplit slices one after the
-// other with the slice tile's code and arithmetic (a row's bytes do not depend on how it was
-// scheduled), each slice's entries prefetched while the previous one is pooled, and stores the
-// row with one warp per slice. Requests that close no window get their kNone zeros. Returns the
-// first request after the rounds (the slice loop goes on from there).
-template <class C>
-__device__ FC_WHOLE_INLINE int64_t whole_rounds(const CompressArgs& a, Smem<C>& sm, int64_t first, int64_t last, int whole_rows,
-                                int u, int rank) {
-  const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
-  int k = 0;
-  int64_t b = first;
-  bool no_cluster_wait = false;
-  for (; b < last && k < whole_rows; ++b) {  // uniform across the cluster
-    const DecodePlan p = plan[b];
-    if (p.write_loc % 128 != 127) {
-      if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
-      continue;
-    }
-    if (k++ % C::kCSplit != rank) continue;
-    Window w;
-    RowTarget t;
-    decode_row<C>(a, p, b, w, t);
-    if (FC_WHOLE_PREFETCH) prefetch_slice<C>(a, w, u, 0);
-#pragma unroll 1
-    for (int r = 0; r < C::kCSplit; ++r) {
-      if (FC_WHOLE_PREFETCH && r + 1 < C::kCSplit) prefetch_slice<C>(a, w, u, r + 1);
-      pool_row<C>(w, t, a, sm, 0, u, r);
-    }
-    store_pooled_row<C>(t, a, sm, 0, u, rank, 0, no_cluster_wait, true);
-  }
-  return b;
-}
-
 // Decode: a team handles requests [first, first + a.reqs_per_team), one after the other. C128
-// copies the team's share of all their input rows into the state first, and pools its closing
-// requests in whole-row rounds while at least kCSplit remain (whole_rounds); C4 stages each
+// copies the team's share of all their input rows into the state first; C4 stages each
 // request's share (async) as the request starts. Per request the team reads the plan row, pools
 // the request if it closes a window (the staged copy and store operands fly meanwhile), then
 // writes the staged copy into the state and stores the pooled row: a closing C4 request waits
@@ -921,19 +758,43 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   stage_invariants<C>(a, sm, team, u);
   async_commit();
   copy_rows_share<C>(a, first, last, u, rank);
-  int64_t b = first;
-  if constexpr (C::kWholeRounds) {
-    const int whole_rows = closing_rows<C>(a, first, last) / C::kCSplit * C::kCSplit;
-    if (whole_rows > 0) b = whole_rounds<C>(a, sm, first, last, whole_rows, u, rank);
-  }
   int parity = 0;                            // store slot of the cluster's partial sums
   bool entry_pending = C::kCluster;
-  for (; b < last; ++b) {  // uniform across the team (and the cluster)
+  for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
     stage_copy<C>(a, sm, team, u, rank, b);
     const DecodePlan p = plan[b];
-    Window w;
-    RowTarget t;
-    decode_row<C>(a, p, b, w, t);
+    RowTarget t{};
+    t.out_row = b;
+    t.loc = C::kStoreRows ? a.out_loc[b] : 0;
+    t.merge_slot = -1;
+    t.state_slot = -1;
+    Window w{};
+    w.self_row = -1;
+    if constexpr (C::kOnline) {
+      // Fold the token into the slot; emit at offset 127, else store the state at write_loc.
+      const int off = static_cast<int>((p.seq_len - 1u) % 128u);
+      t.emit = off == 127;
+      t.merge_slot = off == 0 ? -1 : p.read_page_0;
+      t.state_slot = t.emit ? -1 : p.write_loc;
+      w.q_first = b;
+      w.lo = 0;
+      w.hi = 1;
+      w.bias_base = off;
+    } else {
+      if constexpr (C::kRatio == 4) {
+        t.emit = p.seq_len % 4u == 0;
+        w.lo = p.seq_len > 4 ? 0 : 4;
+      } else {
+        t.emit = p.write_loc % 128 == 127;
+      }
+      w.hi = C::W;
+      w.buf_len = C::W;
+      w.page0 = p.read_page_0;
+      w.page1 = p.read_page_1;
+      w.self_row = p.write_loc;  // read back from this request's input row, not the state
+      w.self_in = b;
+    }
+    t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
     if constexpr (C::kStageOps) {
       if (t.emit && u < 32) store::stage_rope(a.store, u, t.position, sm.ops[team]);
     }
