@@ -65,12 +65,13 @@
 //
 // Store epilogue (store_pooled_row): the team writes its rounded row (slice) to shared memory.
 // One block per row: its operands were staged by cp.async while the row was pooled (the weight
-// blocks once, the RoPE row per stored row; store::StagedOperands), so warp 0 loads the
-// canonical warp layout (lane l holds dims 128j + 4l + i) and calls store::store_row_ops without
-// reading global memory. A cluster of kCSplit blocks (C128): warp 0 of every block loads its
-// slice's operands and stores its own 64 / 128-dim slice with store::store_slice; the blocks
-// exchange only their slices' fp64 sums of squares through distributed shared memory, behind
-// one cluster barrier per row.
+// blocks once, the RoPE row per stored row; store::StagedOperands), so the store reads no global
+// memory: head 512, warp j stores 128-dim block j (lane l holds dims 128j + 4l + i) with
+// store::store_slice after the 4 warps' sums of squares meet in shared memory; head 128, warp 0
+// of the team calls store::store_row_ops. A cluster of kCSplit blocks (C128): warp 0 of every
+// block loads its slice's operands and stores its own 64 / 128-dim slice with
+// store::store_slice; the blocks exchange only their slices' fp64 sums of squares through
+// distributed shared memory, behind one cluster barrier per row.
 // HIP (no clusters, no PDL): a stored C128 row is one 512-thread block (Cfg::kHipWholeRow), a
 // "warp" is 32 aligned lanes (half a wave64; shuffles take a width), 32-thread teams sync with a
 // wavefront barrier; the rest is the CUDA code.
@@ -219,6 +220,11 @@ struct Cfg {
   static constexpr bool kStageCopy = kCopyRows && kRatio == 4;
   static constexpr bool kStageApe = kDecode && kRatio == 4;
   static constexpr bool kStageOps = kStoreRows && !kCluster;
+  // A one-block store of a row with several 128-dim blocks (H = 512): warp j stores block j
+  // (store::store_slice; the blocks' sums of squares meet in shared memory) when the team has a
+  // warp per block (C4 head 512, online decode, HIP's whole-row C128); else warp 0 stores the row.
+  static constexpr bool kSlicedStore = kStageOps && H > 128 && kTeams == 1 && kTeamThreads >= 32 * (H / 128);
+  static constexpr int kStoreWarps = kSlicedStore ? H / 128 : 1;
 
   static_assert(H % 128 == 0 && H % kChans == 0 && kChans % 4 == 0, "head dim: a multiple of 128");
   static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0 &&
@@ -434,6 +440,7 @@ struct Smem {
   Vec<typename C::TIn, 4> copy[C::kTeams][C::kStageCopy ? C::kCopyVecs : 1];
   Vec<typename C::TIn, 4> ape[C::kTeams][C::kStageApe ? C::W * C::H / 4 : 1];
   store::StagedOperands<C::kStageOps ? C::H / 128 : 1> ops[C::kStageOps ? C::kTeams : 1];
+  double part[C::kStoreWarps];  // sliced store: each warp's sum of squares
 };
 
 template <class C>
@@ -571,9 +578,11 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   }
 }
 
-// Store the pooled row (its operands staged by stage_store_weight / stage_store_rope and waited
-// for). One block per row (kCSplit 1): warp 0 loads the canonical warp layout from shared memory
-// and calls store::store_row_ops. A cluster (kCSplit blocks of kChans channels):
+// Store the pooled row (its operands staged by stage_invariants / stage_row_rope and waited
+// for). One block per row (kCSplit 1), head 512 (kSlicedStore): warp j loads 128-dim block j in
+// the canonical warp layout from shared memory, the 4 warps add their fp64 sums of squares in
+// block order through shared memory, and each calls store::store_slice; head 128: warp 0 of the
+// team calls store::store_row_ops. A cluster (kCSplit blocks of kChans channels):
 // warp 0 of every block stores its own slice; the blocks only exchange their slices' fp64 sums of
 // squares through distributed shared memory, behind one cluster barrier. `parity` alternates per
 // stored row of a team (the slot the partial sums go to).
@@ -621,7 +630,26 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
     (void)rank;
     (void)parity;
     (void)entry_pending;
-    if (u < 32) {
+    if constexpr (C::kSlicedStore) {
+      const int j = u / 32, lane = u % 32;
+      const bool store_warp = j < C::kStoreWarps;
+      float y[4] = {0.f, 0.f, 0.f, 0.f};
+      store::detail::BlockOperands ops{};
+      if (store_warp) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) y[i] = sm.row[team][128 * j + 4 * lane + i];
+        ops = store::staged_operands<C::H>(a.store, j, j, lane, sm.ops[team]);
+        const double part = store::slice_sum_squares(y);
+        if (lane == 0) sm.part[j] = part;
+      }
+      team_sync<C>();  // every warp's partial sum has landed
+      if (store_warp) {
+        double ss = 0.0;
+#pragma unroll
+        for (int r = 0; r < C::kStoreWarps; ++r) ss += sm.part[r];
+        store::store_slice<C::H, C::kFmt, 128>(y, ops, lane, 128 * j, ss, t.loc, a.store);
+      }
+    } else if (u < 32) {
       float v[C::H / 32];
       store::detail::BlockOperands ops[C::H / 128];
 #pragma unroll
@@ -719,11 +747,22 @@ __device__ __forceinline__ void stage_invariants(const CompressArgs& a, Smem<C>&
       async_copy<sizeof(Vec<TIn, 4>)>(&sm.ape[team][(e * C::H + c) / 4], static_cast<const TIn*>(a.ape) + e * C::H + c);
     }
   }
-  if constexpr (C::kStageOps) {
+  if constexpr (C::kSlicedStore) {
+    if (u < 32 * C::kStoreWarps) store::stage_weight(a.store, u / 32, u / 32, u % 32, sm.ops[team]);
+  } else if constexpr (C::kStageOps) {
     if (u < 32) {
 #pragma unroll
       for (int j = 0; j < C::H / 128; ++j) store::stage_weight(a.store, j, j, u, sm.ops[team]);
     }
+  }
+}
+
+// The RoPE row of a stored row at `position`, staged by the lanes that read it back: lanes 16-31
+// of the warp that stores the last 128-dim block.
+template <class C>
+__device__ __forceinline__ void stage_row_rope(const CompressArgs& a, Smem<C>& sm, int team, int u, int64_t position) {
+  if constexpr (C::kStageOps) {
+    if (u / 32 == C::kStoreWarps - 1) store::stage_rope(a.store, u % 32, position, sm.ops[team]);
   }
 }
 
@@ -795,9 +834,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       w.self_in = b;
     }
     t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
-    if constexpr (C::kStageOps) {
-      if (t.emit && u < 32) store::stage_rope(a.store, u, t.position, sm.ops[team]);
-    }
+    if (t.emit) stage_row_rope<C>(a, sm, team, u, t.position);
     async_commit();
     if (!C::kOnline && !t.emit) {  // only the copy: nothing pooled, nothing stored
       async_wait<0>();
@@ -869,7 +906,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   }
   if constexpr (C::kStageOps) {  // the store's operands fly while the row is pooled
     stage_invariants<C>(a, sm, team, u);
-    if (u < 32) store::stage_rope(a.store, u, t.position, sm.ops[team]);
+    stage_row_rope<C>(a, sm, team, u, t.position);
     async_commit();
   }
   pool_row<C>(w, t, a, sm, team, u, rank);
