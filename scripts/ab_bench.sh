@@ -58,6 +58,9 @@ for name in "${names[@]}"; do
     rm -rf "$tree" && mkdir -p "$tree"
     cp -r "$ROOT/python" "$ROOT/templates" "$ROOT/benchmarks" "$ROOT/pyproject.toml" "$ROOT/.cache-config.toml" "$tree/"
     cp -r "$AB_DIR/$name" "$tree/jit_kernel"
+    # the package's shipped defaults are a symlink to the repo-root .cache-config.toml
+    [ -f "$tree/python/flashcompress/default-cache-config.toml" ] \
+      || { echo "$name: the tree copy has no default-cache-config.toml (ab_bench.sh copies too little)" >&2; exit 1; }
   fi
   (cd "$tree" && PYTHONPATH="$tree/python${PYTHONPATH:+:$PYTHONPATH}" FLASHCOMPRESS_CACHE_DIR="/tmp/ab-cache-$name" \
     "$PY" "benchmarks/$bench" "$@" --md "$OUT/ab_$name.md" >"$OUT/ab_$name.log" 2>&1)

@@ -196,9 +196,10 @@ SLICED = [(fmt, dtype, dims) for fmt in ("v4", "bf16") for dtype in ("f32", "bf1
 @pytest.mark.parametrize("fmt,dtype,dims", SLICED, ids=[f"{f}-{d}-slice{n}" for f, d, n in SLICED])
 def test_emulated_sliced_store_matches_torch_and_the_whole_row_store(emulator: Path, tmp_path: Path, fmt: str,
                                                                      dtype: str, dims: int) -> None:
-    """The cluster epilogue of the C128 compress kernel (store_slice per 64 / 128-dim block, the
-    row's norm from the slices' partial sums) writes the reference bytes, and the same bytes as
-    the one-warp store_row."""
+    """The sliced stores of the compress kernel (store_slice per 64 / 128-dim block, the row's
+    norm from the slices' partial sums added in slice order): the C128 cluster epilogue (64 / 128)
+    and the one-block head-512 store of C4 and online decode (128, a warp per block) write the
+    reference bytes, and the same bytes as the one-warp store_row."""
     torch_dtype = torch.float32 if dtype == "f32" else torch.bfloat16
     case = make_case(fmt, torch_dtype, True, rows=24, ratio=128, page_size=2, seed=100 + SLICED.index((fmt, dtype, dims)))
     valid, _, _ = case.targets()

@@ -10,8 +10,9 @@
 //   <fmt: v4|idx_fp8|idx_fp4|bf16> <dtype: f32|bf16> <rows> <ratio> <is_decode> <page_size>
 //   <eps as fp32 bit pattern> <freq_rows> <out_loc_len> <cache_bytes> [<slice: 0|64|128>]
 // slice 0 (default) runs store_row; 64 or 128 (V4, bf16) runs the sliced store of the compress
-// kernel's cluster epilogue: the warp plays each slice's block in turn (slice_sum_squares), adds
-// the partial sums in slice order, then stores every slice with store_slice.
+// kernel's epilogue (the C128 cluster's blocks, or the warps of a head-512 one-block store): the
+// warp plays each slice's block / warp in turn (slice_sum_squares), adds the partial sums in
+// slice order, then stores every slice with store_slice.
 // and the raw little-endian tensors kv.bin ([rows, H] fp32 or bf16 bits), plan.bin ([rows, 16]),
 // out_loc.bin (int64), weight.bin ([H] in the kv dtype), freq.bin (fp32 [freq_rows, 64]),
 // cache.bin (cache_bytes, the cache before). Writes <dir>/cache_out.bin.

@@ -1,0 +1,10 @@
+set -o pipefail
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/python CUDA_HOME=/usr/local/cuda PYTHONUNBUFFERED=1 FLASHCOMPRESS_CACHE_DIR=/tmp/fc-cache
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader
+t0=$(date +%s)
+timeout 200 python3 -m pytest tests -m gpu -q -ra -p no:cacheprovider -k "many_closing or c128 or golden" 2>&1 | tail -15 | tee $OUT/pytest_subset.log
+echo "subset done at $(( $(date +%s) - t0 )) s"
+C="decode-B1-rand:c128-512,decode-B128-rand:c128-512,decode-B512-rand:c128-512,decode-B128-bnd:c128-512,decode-B512-bnd:c128-512"
+timeout 300 bash scripts/ab_bench.sh bench_pipeline.py --cases "$C" --reps 20 2>&1 | tail -30
+echo "ab done at $(( $(date +%s) - t0 )) s"
