@@ -93,11 +93,6 @@
 
 namespace flashcompress {
 
-// Stages of the staged prefill (0: 3 for ratio 128, 2 for ratio 4).
-#ifndef FC_PREFILL_STAGES
-#define FC_PREFILL_STAGES 0
-#endif
-
 namespace compress {
 
 template <DType d>
@@ -168,22 +163,13 @@ struct Cfg {
   // blocks, 16 splits of 8 entries: fewer, longer-lived blocks for bandwidth).
   static constexpr bool kOnlineDecode = kOnline && kDecode;
   static constexpr bool kWide = kRatio == 128 && !kOnlineDecode;
-  // Prefill pass 1 on CUDA: a persistent grid whose teams loop over rows, each thread's window
-  // entries of the next kStages - 1 rows in flight into shared memory (cp.async) while it pools
-  // the current one (prefill_staged_kernel). Same per-channel arithmetic as the other kernels.
-#if FC_GPU_HIP
-  static constexpr bool kStaged = false;
-#else
-  static constexpr bool kStaged = kPass == Pass::kPrefill;
-#endif
-  static constexpr int kStages = FC_PREFILL_STAGES > 0 ? FC_PREFILL_STAGES : (kWide ? 3 : 2);
 #if FC_GPU_HIP
   // HIP has no thread block clusters: a C128 row that is stored is pooled by one block (the
   // whole row, 4 splits of 32 entries, 512 threads); rows that are not stored tile as on CUDA.
   static constexpr bool kHipWholeRow = kWide && kStoreRows;
   static constexpr int kChans = (!kWide || kHipWholeRow) ? H : (kDecode ? 64 : 128);
 #else
-  static constexpr int kChans = !kWide ? H : ((kDecode || kStaged) ? 64 : 128);
+  static constexpr int kChans = !kWide ? H : (kDecode ? 64 : 128);
 #endif
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
@@ -210,9 +196,7 @@ struct Cfg {
   static constexpr int kHipUnroll = kHipWholeRow ? 1 : kPerSplit / kBatch;
 #else
   // C4 decode: 4 blocks per SM (<= 128 registers), so a 512-request batch is one request per team.
-  // Staged prefill: as many blocks as the stage buffers fit (C128 1, C4 3 per SM at 2 stages).
-  static constexpr int kMinBlocks = kStaged ? (kWide ? 1 : 3)
-                                            : (kThreads >= 512 ? 2 : (kRatio == 4 ? (kDecode ? 4 : 6) : 1));
+  static constexpr int kMinBlocks = kThreads >= 512 ? 2 : (kRatio == 4 ? (kDecode ? 4 : 6) : 1);
 #endif
   static constexpr bool kCluster = kCSplit > 1 && kStoreRows;
   // Combining the splits: kLanes consecutive threads per channel, each merging kSplit / kLanes
@@ -342,145 +326,100 @@ __device__ __forceinline__ int score_col(int e) {
   return C::H;
 }
 
-// Where entry e of a window comes from: 0 = padding (not live), 1 = input row, 2 = state row
-// `srow`, 3 = the state row this launch writes (read from its input row, rounded through TState).
+// Accumulate this thread's entries [e0, e0 + kPerSplit) for channels c..c+3, kBatch entries at a
+// time: every load of a batch is issued before the first one is used (the addresses depend only
+// on the plan row), so a thread waits for one memory round trip per batch, not per entry.
 template <class C>
-__device__ __forceinline__ int entry_kind(const Window& w, int e, int64_t& srow) {
-  const bool live = e >= w.lo && e < w.hi;
-  const bool from_state = e < w.buf_len;
-  srow = from_state ? state_row_of<C>(w, e) : 0;
-  const bool self = from_state && srow == w.self_row;
-  return !live ? 0 : (!from_state ? 1 : (self ? 3 : 2));
-}
-
-// The channels and entries of thread u of a team in the block of cluster rank `rank`: channel
-// vector v (channels c..c+3) of the block's slice, window entries [e0, e0 + kPerSplit).
-struct ThreadSlice {
-  int v, split, e0, c;
-};
-
-template <class C>
-__device__ __forceinline__ ThreadSlice thread_slice(int u, int rank) {
-  const int v = u % C::kVecs, split = u / C::kVecs;
-  return ThreadSlice{v, split, split * C::kPerSplit, rank * C::kChans + 4 * v};
-}
-
-// One batch of a thread's entries as loaded: each entry's kind (entry_kind) and raw vectors
-// (with TIn == TState every entry uses in_*; otherwise state entries use st_*).
-template <class C>
-struct Batch {
-  using RawIn = Vec<typename C::TIn, 4>;
-  using RawState = Vec<typename C::TState, 4>;
-  static constexpr bool kSame = std::is_same_v<typename C::TIn, typename C::TState>;
-  int kind[C::kBatch];
-  RawIn in_kv[C::kBatch], in_sc[C::kBatch], bias[C::kBatch];
-  RawState st_kv[kSame ? 1 : C::kBatch], st_sc[kSame ? 1 : C::kBatch];
-};
-
-// Batch loads straight from global memory (the decode kernel and the one-row-per-team prefill):
-// every load of a batch is issued before the first one is used (the addresses depend only on the
-// plan row), so a thread waits for one memory round trip per batch, not per entry.
-template <class C>
-struct GlobalEntries {
+__device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
+                                             const typename C::TState* state,
+                                             const typename C::TIn* __restrict__ input,
+                                             const typename C::TIn* __restrict__ ape,
+                                             Acc (&acc)[4]) {
   using TIn = typename C::TIn;
   using TState = typename C::TState;
-  const Window& w;
-  int e0, c;
-  const TState* state;
-  const TIn* __restrict__ input;
-  const TIn* __restrict__ ape;
-
-  __device__ __forceinline__ void operator()(int b0, Batch<C>& bt) const {
-#pragma unroll
-    for (int k = 0; k < C::kBatch; ++k) {
-      const int e = e0 + b0 + k;
-      int64_t srow;
-      const int kind = entry_kind<C>(w, e, srow);
-      bt.kind[k] = kind;
-      const int kc = kv_col<C>(e) + c, sc = score_col<C>(e) + c;
-      const int64_t irow = kind == 3 ? w.self_in : w.q_first + e;
-      if constexpr (Batch<C>::kSame) {
-        const TIn* src = kind == 2 ? reinterpret_cast<const TIn*>(state) + srow * C::kStateWidth
-                                   : input + irow * C::kInWidth;
-        if (kind != 0) {
-          bt.in_kv[k] = load_vec<TIn, 4>(src + kc);
-          bt.in_sc[k] = load_vec<TIn, 4>(src + sc);
-        }
-      } else if (kind == 2) {
-        const TState* src = state + srow * C::kStateWidth;
-        bt.st_kv[k] = load_vec<TState, 4>(src + kc);
-        bt.st_sc[k] = load_vec<TState, 4>(src + sc);
-      } else if (kind != 0) {
-        const TIn* src = input + irow * C::kInWidth;
-        bt.in_kv[k] = load_vec<TIn, 4>(src + kc);
-        bt.in_sc[k] = load_vec<TIn, 4>(src + sc);
-      }
-      const int brow = C::kOnlineDecode ? w.bias_base : e;
-      if (kind != 0) bt.bias[k] = load_vec<TIn, 4>(ape + static_cast<int64_t>(brow) * C::H + c);
-    }
-  }
-};
-
-// Fold one batch into the running state of channels c..c+3: per channel the batch's max, then
-// sum p = exp(logit - max) and sum p * kv, merged into acc.
-template <class C>
-__device__ __forceinline__ void accumulate(const Batch<C>& bt, Acc (&acc)[4]) {
-  using TIn = typename C::TIn;
-  using TState = typename C::TState;
+  using RawIn = Vec<TIn, 4>;
+  using RawState = Vec<TState, 4>;
   constexpr int B = C::kBatch;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float kv[B], lg[B];
-    float m = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < B; ++k) {
-      if (bt.kind[k] == 2) {
-        if constexpr (Batch<C>::kSame) {
-          kv[k] = to_float(bt.in_kv[k].v[i]);
-          lg[k] = to_float(bt.in_sc[k].v[i]);
-        } else {
-          kv[k] = via<TIn>(bt.st_kv[k].v[i]);
-          lg[k] = via<TIn>(bt.st_sc[k].v[i]);
-        }
-      } else if (bt.kind[k] == 3) {
-        kv[k] = via<TIn>(from_float<TState>(to_float(bt.in_kv[k].v[i])));
-        lg[k] = via<TIn>(from_float<TState>(to_float(bt.in_sc[k].v[i])));
-      } else {
-        kv[k] = to_float(bt.in_kv[k].v[i]);
-        lg[k] = to_float(bt.in_sc[k].v[i]);
-      }
-      lg[k] += to_float(bt.bias[k].v[i]);
-      if (bt.kind[k] != 0) m = fmaxf(m, lg[k]);
-    }
-    if (m == -INFINITY) continue;  // no live entry in this batch
-    float s = 0.f, n = 0.f;
-#pragma unroll
-    for (int k = 0; k < B; ++k) {
-      if (bt.kind[k] == 0) continue;
-      const float p = exp_<C::kFastExp>(lg[k] - m);
-      s += p;
-      n = fmaf(p, kv[k], n);
-    }
-    acc[i] = acc_merge<C::kFastExp>(acc[i], Acc{m, s, n});
-  }
-}
-
-// Accumulate this thread's entries [e0, e0 + kPerSplit) for its 4 channels, kBatch entries at a
-// time, each batch filled by `fetch(b0, batch)` (GlobalEntries, or StagedEntries below). The
-// arithmetic does not depend on where the entries come from.
-template <class C, class Fetch>
-__device__ __forceinline__ void pool_entries(const Fetch& fetch, Acc (&acc)[4]) {
 #if FC_GPU_HIP
 #pragma unroll C::kHipUnroll
 #else
 #pragma unroll
 #endif
-  for (int b0 = 0; b0 < C::kPerSplit; b0 += C::kBatch) {
-    Batch<C> bt;
-    fetch(b0, bt);
-    accumulate<C>(bt, acc);
+  for (int b0 = 0; b0 < C::kPerSplit; b0 += B) {
+    // Where each entry comes from: 0 = padding, 1 = input row, 2 = state row, 3 = the state row
+    // this launch writes (read from its input row, rounded through TState).
+    // With TIn == TState every entry loads into in_*; otherwise state entries use st_*.
+    constexpr bool kSame = std::is_same_v<TIn, TState>;
+    int kind[B];
+    RawIn in_kv[B], in_sc[B], bias[B];
+    RawState st_kv[kSame ? 1 : B], st_sc[kSame ? 1 : B];
+#pragma unroll
+    for (int k = 0; k < B; ++k) {
+      const int e = e0 + b0 + k;
+      const bool live = e >= w.lo && e < w.hi;
+      const bool from_state = e < w.buf_len;
+      const int64_t srow = from_state ? state_row_of<C>(w, e) : 0;
+      const bool self = from_state && srow == w.self_row;
+      kind[k] = !live ? 0 : (!from_state ? 1 : (self ? 3 : 2));
+      const int kc = kv_col<C>(e) + c, sc = score_col<C>(e) + c;
+      const int64_t irow = kind[k] == 3 ? w.self_in : w.q_first + e;
+      if constexpr (kSame) {
+        const TIn* src = kind[k] == 2 ? reinterpret_cast<const TIn*>(state) + srow * C::kStateWidth
+                                      : input + irow * C::kInWidth;
+        if (kind[k] != 0) {
+          in_kv[k] = load_vec<TIn, 4>(src + kc);
+          in_sc[k] = load_vec<TIn, 4>(src + sc);
+        }
+      } else if (kind[k] == 2) {
+        const TState* src = state + srow * C::kStateWidth;
+        st_kv[k] = load_vec<TState, 4>(src + kc);
+        st_sc[k] = load_vec<TState, 4>(src + sc);
+      } else if (kind[k] != 0) {
+        const TIn* src = input + irow * C::kInWidth;
+        in_kv[k] = load_vec<TIn, 4>(src + kc);
+        in_sc[k] = load_vec<TIn, 4>(src + sc);
+      }
+      const int brow = C::kOnlineDecode ? w.bias_base : e;
+      if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(ape + static_cast<int64_t>(brow) * C::H + c);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float kv[B], lg[B];
+      float m = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < B; ++k) {
+        if (kind[k] == 2) {
+          if constexpr (kSame) {
+            kv[k] = to_float(in_kv[k].v[i]);
+            lg[k] = to_float(in_sc[k].v[i]);
+          } else {
+            kv[k] = via<TIn>(st_kv[k].v[i]);
+            lg[k] = via<TIn>(st_sc[k].v[i]);
+          }
+        } else if (kind[k] == 3) {
+          kv[k] = via<TIn>(from_float<TState>(to_float(in_kv[k].v[i])));
+          lg[k] = via<TIn>(from_float<TState>(to_float(in_sc[k].v[i])));
+        } else {
+          kv[k] = to_float(in_kv[k].v[i]);
+          lg[k] = to_float(in_sc[k].v[i]);
+        }
+        lg[k] += to_float(bias[k].v[i]);
+        if (kind[k] != 0) m = fmaxf(m, lg[k]);
+      }
+      if (m == -INFINITY) continue;  // no live entry in this batch
+      float s = 0.f, n = 0.f;
+#pragma unroll
+      for (int k = 0; k < B; ++k) {
+        if (kind[k] == 0) continue;
+        const float p = exp_<C::kFastExp>(lg[k] - m);
+        s += p;
+        n = fmaf(p, kv[k], n);
+      }
+      acc[i] = acc_merge<C::kFastExp>(acc[i], Acc{m, s, n});
+    }
   }
 }
+
 
 // ------------------------------------------------------------------------------------------
 // Shared memory of one block and the team-level barrier
@@ -583,28 +522,21 @@ __device__ __forceinline__ void finish_channel(const RowTarget& t, const Compres
   }
 }
 
-// The entries of thread u's slice of row window w, loaded from global memory.
 template <class C>
-__device__ __forceinline__ GlobalEntries<C> global_entries(const Window& w, const CompressArgs& a,
-                                                           const Smem<C>& sm, int team, int u, int rank) {
-  const ThreadSlice ts = thread_slice<C>(u, rank);
-  return GlobalEntries<C>{w, ts.e0, ts.c, static_cast<const typename C::TState*>(a.state),
-                          static_cast<const typename C::TIn*>(a.input), ape_of<C>(a, sm, team)};
-}
-
-// Pool one row (this block's slice of it): `fetch` supplies thread u's entries (global_entries
-// or staged_entries), then the splits are combined and each channel finished (finish_channel).
-template <class C, class Fetch>
-__device__ void pool_row(const RowTarget& t, const CompressArgs& a, Smem<C>& sm, int team, int u, int rank,
-                         const Fetch& fetch) {
+__device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs& a,
+                         Smem<C>& sm, int team, int u, int rank) {
+  using TIn = typename C::TIn;
+  using TState = typename C::TState;
+  const auto* state = static_cast<const TState*>(a.state);
+  const auto* input = static_cast<const TIn*>(a.input);
+  const TIn* ape = ape_of<C>(a, sm, team);
   const int chan0 = rank * C::kChans;
   float* row = C::kStoreRows ? &sm.row[team][0] : nullptr;
 
   // Phase 1: each (split, vector) thread pools its entries for 4 channels.
-  const ThreadSlice ts = thread_slice<C>(u, rank);
-  const int v = ts.v, split = ts.split;
+  const int v = u % C::kVecs, split = u / C::kVecs;
   Acc acc[4] = {acc_empty(), acc_empty(), acc_empty(), acc_empty()};
-  pool_entries<C>(fetch, acc);
+  pool_entries<C>(w, split * C::kPerSplit, chan0 + 4 * v, state, input, ape, acc);
 
   if constexpr (C::kSplit == 1) {
     // The thread holds every entry of its channels: finish them directly.
@@ -642,22 +574,8 @@ __device__ void pool_row(const RowTarget& t, const CompressArgs& a, Smem<C>& sm,
       r = acc_merge<C::kFastExp>(r, o);
     }
     if (lane == 0) finish_channel<C>(t, a, row, chan0 + k, r);
-    if constexpr (C::kDecode || C::kStaged) team_sync<C>();  // the team's next row reuses the partials
+    if constexpr (C::kDecode) team_sync<C>();  // the team's next decode row reuses the partials
   }
-}
-
-// A store lane's operands of 128-dim block j: its weight dims from the team's staged weight
-// blocks (stage_invariants), its RoPE pairs from the staged RoPE row `rope` (stage_row_rope).
-template <class C>
-__device__ __forceinline__ store::detail::BlockOperands staged_block_operands(const CompressArgs& a, const Smem<C>& sm,
-                                                                              int team, int j, int lane,
-                                                                              const float* rope) {
-  const float* w = sm.ops[team].w[j];
-  const bool bf16 = a.store.norm_weight_bf16 != nullptr;
-  const bool rope_lane = store::detail::rope_lane<C::H>(j, lane);
-  return store::detail::operands_from(bf16 ? nullptr : w + 4 * lane,
-                                      bf16 ? reinterpret_cast<const uint16_t*>(w) + 4 * lane : nullptr, rope_lane,
-                                      rope_lane ? rope + 4 * (lane - 16) : nullptr);
 }
 
 // Store the pooled row (its operands staged by stage_invariants / stage_row_rope and waited
@@ -670,11 +588,9 @@ __device__ __forceinline__ store::detail::BlockOperands staged_block_operands(co
 // stored row of a team (the slot the partial sums go to).
 // `entry_pending`: the cluster's entry barrier phase (cluster_entry_arrive) is not yet waited
 // on by this thread; the first stored row waits on it before writing to other blocks.
-// `rope`: the row's staged RoPE row (64 floats in shared memory; one-block stores only).
 template <class C>
 __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const CompressArgs& a, Smem<C>& sm,
-                                                 int team, int u, int rank, int parity, bool& entry_pending,
-                                                 const float* rope) {
+                                                 int team, int u, int rank, int parity, bool& entry_pending) {
   if constexpr (C::kStoreRows) {
     team_sync<C>();  // the row (slice) is complete in shared memory
 #if !FC_GPU_HIP
@@ -722,7 +638,7 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
       if (store_warp) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) y[i] = sm.row[team][128 * j + 4 * lane + i];
-        ops = staged_block_operands<C>(a, sm, team, j, lane, rope);
+        ops = store::staged_operands<C::H>(a.store, j, j, lane, sm.ops[team]);
         const double part = store::slice_sum_squares(y);
         if (lane == 0) sm.part[j] = part;
       }
@@ -740,7 +656,7 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
       for (int j = 0; j < C::H / 128; ++j) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[4 * j + i] = sm.row[team][128 * j + 4 * u + i];
-        ops[j] = staged_block_operands<C>(a, sm, team, j, u, rope);
+        ops[j] = store::staged_operands<C::H>(a.store, j, j, u, sm.ops[team]);
       }
       store::store_row_ops<C::H, C::kFmt>(v, ops, u, t.loc, a.store);
     }
@@ -844,12 +760,9 @@ __device__ __forceinline__ void stage_invariants(const CompressArgs& a, Smem<C>&
 // The RoPE row of a stored row at `position`, staged by the lanes that read it back: lanes 16-31
 // of the warp that stores the last 128-dim block.
 template <class C>
-__device__ __forceinline__ void stage_row_rope(const CompressArgs& a, int u, int64_t position, float* rope) {
+__device__ __forceinline__ void stage_row_rope(const CompressArgs& a, Smem<C>& sm, int team, int u, int64_t position) {
   if constexpr (C::kStageOps) {
-    const int lane = u % 32;
-    if (u / 32 == C::kStoreWarps - 1 && lane >= 16) {
-      async_copy<16>(rope + 4 * (lane - 16), a.store.freq + position * store::kRopeDim + 4 * (lane - 16));
-    }
+    if (u / 32 == C::kStoreWarps - 1) store::stage_rope(a.store, u % 32, position, sm.ops[team]);
   }
 }
 
@@ -921,7 +834,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       w.self_in = b;
     }
     t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
-    if (t.emit) stage_row_rope<C>(a, u, t.position, sm.ops[team].cs);
+    if (t.emit) stage_row_rope<C>(a, sm, team, u, t.position);
     async_commit();
     if (!C::kOnline && !t.emit) {  // only the copy: nothing pooled, nothing stored
       async_wait<0>();
@@ -930,11 +843,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       continue;
     }
     async_wait<1>();  // the row-independent stage (the bias) has landed; this row's may fly on
-    pool_row<C>(t, a, sm, team, u, rank, global_entries<C>(w, a, sm, team, u, rank));
+    pool_row<C>(w, t, a, sm, team, u, rank);
     async_wait<0>();
     write_copy<C>(a, sm, team, u, rank, p.write_loc);
     if (t.emit) {
-      store_pooled_row<C>(t, a, sm, team, u, rank, parity, entry_pending, sm.ops[team].cs);
+      store_pooled_row<C>(t, a, sm, team, u, rank, parity, entry_pending);
       parity ^= 1;
     } else if constexpr (!C::kStoreRows) {
       zero_out_row<C>(a, b, u, rank);
@@ -942,50 +855,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   }
 }
 
-// The window of a valid prefill plan row (compress list, or the online write list) and where
-// its row goes (t.loc is read from out_loc by the store variants).
-template <class C>
-__device__ __forceinline__ Window prefill_window(const CompressPlan& p) {
-  Window w{};
-  w.self_row = -1;
-  if constexpr (C::kOnline) {
-    const int end = static_cast<int>((p.seq_len - 1u) % 128u) + 1;
-    w.q_first = static_cast<int64_t>(p.ragged_id) - end + 1;
-    w.lo = end - static_cast<int>(p.buffer_len);
-    w.hi = end;
-    w.buf_len = 0;
-  } else {
-    w.q_first = static_cast<int64_t>(p.ragged_id) - (C::W - 1);
-    w.lo = (C::kRatio == 4 && p.seq_len <= 4) ? 4 : 0;
-    w.hi = C::W;
-    w.buf_len = p.buffer_len;
-    w.page0 = p.read_page_0;
-    w.page1 = p.read_page_1;
-  }
-  return w;
-}
-
-template <class C>
-__device__ __forceinline__ RowTarget prefill_target(const CompressPlan& p, int64_t k, const CompressArgs& a) {
-  constexpr bool kWriteList = C::kPass == Pass::kOnlineWrite;
-  RowTarget t{};
-  t.emit = true;
-  t.out_row = k;
-  t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
-  t.loc = C::kStoreRows ? a.out_loc[p.ragged_id] : 0;
-  t.merge_slot = -1;
-  t.state_slot = -1;
-  if constexpr (C::kOnline) {
-    const int end = static_cast<int>((p.seq_len - 1u) % 128u) + 1;
-    const int off = end - static_cast<int>(p.buffer_len);
-    const int64_t slot = p.read_page_1 >= 0 ? p.read_page_1 : p.read_page_0;
-    t.merge_slot = (off != 0 && slot >= 0) ? slot : -1;
-    t.state_slot = kWriteList ? p.read_page_0 : -1;
-  }
-  return t;
-}
-
-// Prefill pass 1 on HIP (and the online write list, Pass::kOnlineWrite): one team per plan row.
+// Prefill pass 1 (and the online write list, Pass::kOnlineWrite): one team per plan row.
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(const CompressArgs a) {
   __shared__ Smem<C> sm;
@@ -1003,184 +873,48 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
     if constexpr (!C::kStoreRows && !kWriteList) zero_out_row<C>(a, k, u, rank);
     return;
   }
-  const Window w = prefill_window<C>(p);
-  const RowTarget t = prefill_target<C>(p, k, a);
+  RowTarget t{};
+  t.emit = true;
+  t.out_row = k;
+  t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
+  t.loc = C::kStoreRows ? a.out_loc[p.ragged_id] : 0;
+  t.merge_slot = -1;
+  t.state_slot = -1;
+  Window w{};
+  w.self_row = -1;
+  if constexpr (C::kOnline) {
+    const int end = static_cast<int>((p.seq_len - 1u) % 128u) + 1;
+    const int off = end - static_cast<int>(p.buffer_len);
+    w.q_first = static_cast<int64_t>(p.ragged_id) - end + 1;
+    w.lo = off;
+    w.hi = end;
+    w.buf_len = 0;
+    const int64_t slot = p.read_page_1 >= 0 ? p.read_page_1 : p.read_page_0;
+    t.merge_slot = (off != 0 && slot >= 0) ? slot : -1;
+    t.state_slot = kWriteList ? p.read_page_0 : -1;
+  } else {
+    w.q_first = static_cast<int64_t>(p.ragged_id) - (C::W - 1);
+    w.lo = (C::kRatio == 4 && p.seq_len <= 4) ? 4 : 0;
+    w.hi = C::W;
+    w.buf_len = p.buffer_len;
+    w.page0 = p.read_page_0;
+    w.page1 = p.read_page_1;
+  }
   if constexpr (kWriteList) {
     // Everything above only reads; the state store must wait for pass 1.
     pdl_wait();
   }
   if constexpr (C::kStageOps) {  // the store's operands fly while the row is pooled
     stage_invariants<C>(a, sm, team, u);
-    stage_row_rope<C>(a, u, t.position, sm.ops[team].cs);
+    stage_row_rope<C>(a, sm, team, u, t.position);
     async_commit();
   }
-  pool_row<C>(t, a, sm, team, u, rank, global_entries<C>(w, a, sm, team, u, rank));
+  pool_row<C>(w, t, a, sm, team, u, rank);
   async_wait<0>();
   bool entry_pending = C::kCluster;
-  store_pooled_row<C>(t, a, sm, team, u, rank, 0, entry_pending, sm.ops[team].cs);
+  store_pooled_row<C>(t, a, sm, team, u, rank, 0, entry_pending);
   if constexpr (!kWriteList) pdl_launch_dependents();
 }
-
-#if !FC_GPU_HIP
-// The dynamic shared memory of prefill_staged_kernel: kStages stages, each holding every
-// thread's window entries of one row (per entry a kv and a score vector of 4 values, kSlot bytes
-// each) and, for one-block stores, each team's RoPE row. Slot (stage, entry k, kv | score,
-// thread): consecutive threads' slots are adjacent (conflict-free 16-byte accesses).
-template <class C>
-struct StageLayout {
-  static constexpr int kSlot = sizeof(typename Batch<C>::RawIn) > sizeof(typename Batch<C>::RawState)
-                                   ? sizeof(typename Batch<C>::RawIn)
-                                   : sizeof(typename Batch<C>::RawState);
-  static constexpr int kEntryBytes = C::kPerSplit * 2 * C::kThreads * kSlot;
-  static constexpr int kRopeBytes = C::kStageOps ? C::kTeams * store::kRopeDim * 4 : 0;
-  static constexpr int kStageBytes = kEntryBytes + kRopeBytes;
-  static constexpr int kBytes = C::kStages * kStageBytes;
-
-  // This thread's slot of entry 0's kv vector in stage `stage` (entry k, kv | score: + (2k + which) * kStride).
-  static __device__ __forceinline__ uint8_t* slots(uint8_t* base, int stage, int tid) {
-    return base + stage * kStageBytes + tid * kSlot;
-  }
-  static constexpr int kStride = C::kThreads * kSlot;
-  static __device__ __forceinline__ float* rope(uint8_t* base, int stage, int team) {
-    return reinterpret_cast<float*>(base + stage * kStageBytes + kEntryBytes) + team * store::kRopeDim;
-  }
-};
-
-// Issue the cp.async copies of thread slice ts's entries of window w into its stage slots.
-template <class C>
-__device__ __forceinline__ void stage_entries(const Window& w, const ThreadSlice& ts, const CompressArgs& a,
-                                              uint8_t* slots) {
-  using TIn = typename C::TIn;
-  using TState = typename C::TState;
-  using L = StageLayout<C>;
-  constexpr int kInBytes = sizeof(typename Batch<C>::RawIn), kStBytes = sizeof(typename Batch<C>::RawState);
-#pragma unroll
-  for (int k = 0; k < C::kPerSplit; ++k) {
-    const int e = ts.e0 + k;
-    int64_t srow;
-    const int kind = entry_kind<C>(w, e, srow);
-    const int kc = kv_col<C>(e) + ts.c, sc = score_col<C>(e) + ts.c;
-    uint8_t* kv_slot = slots + (2 * k) * L::kStride;
-    uint8_t* sc_slot = kv_slot + L::kStride;
-    if (kind == 2) {
-      const TState* src = static_cast<const TState*>(a.state) + srow * C::kStateWidth;
-      async_copy<kStBytes>(kv_slot, src + kc);
-      async_copy<kStBytes>(sc_slot, src + sc);
-    } else if (kind != 0) {
-      const int64_t irow = kind == 3 ? w.self_in : w.q_first + e;
-      const TIn* src = static_cast<const TIn*>(a.input) + irow * C::kInWidth;
-      async_copy<kInBytes>(kv_slot, src + kc);
-      async_copy<kInBytes>(sc_slot, src + sc);
-    }
-  }
-}
-
-// Batches of a thread's entries read back from its stage slots (after its async_wait); the bias
-// vectors of its entries were loaded once per kernel.
-template <class C>
-struct StagedEntries {
-  using RawIn = typename Batch<C>::RawIn;
-  using RawState = typename Batch<C>::RawState;
-  const Window& w;
-  int e0;
-  const uint8_t* slots;
-  const RawIn (&bias)[C::kPerSplit];
-
-  __device__ __forceinline__ void operator()(int b0, Batch<C>& bt) const {
-    using L = StageLayout<C>;
-#pragma unroll
-    for (int k = 0; k < C::kBatch; ++k) {
-      const int e = e0 + b0 + k;
-      int64_t srow;
-      const int kind = entry_kind<C>(w, e, srow);
-      bt.kind[k] = kind;
-      const uint8_t* kv_slot = slots + (2 * (b0 + k)) * L::kStride;
-      const uint8_t* sc_slot = kv_slot + L::kStride;
-      if (!Batch<C>::kSame && kind == 2) {
-        bt.st_kv[Batch<C>::kSame ? 0 : k] = *reinterpret_cast<const RawState*>(kv_slot);
-        bt.st_sc[Batch<C>::kSame ? 0 : k] = *reinterpret_cast<const RawState*>(sc_slot);
-      } else if (kind != 0) {
-        bt.in_kv[k] = *reinterpret_cast<const RawIn*>(kv_slot);
-        bt.in_sc[k] = *reinterpret_cast<const RawIn*>(sc_slot);
-      }
-      bt.bias[k] = bias[b0 + k];
-    }
-  }
-};
-
-// Stage plan row p (row k of the compress list) into stage `stage`: the thread's window entries
-// and, for one-block stores, the row's RoPE row. Invalid rows stage nothing.
-template <class C>
-__device__ __forceinline__ void stage_row(const CompressPlan& p, const ThreadSlice& ts, const CompressArgs& a,
-                                          uint8_t* base, int stage, int team, int u) {
-  if (p.seq_len == kInvalidU32) return;
-  stage_entries<C>(prefill_window<C>(p), ts, a, StageLayout<C>::slots(base, stage, static_cast<int>(threadIdx.x)));
-  stage_row_rope<C>(a, u, static_cast<int64_t>(p.seq_len) - C::kRatio, StageLayout<C>::rope(base, stage, team));
-}
-
-// Prefill pass 1 on CUDA: a persistent grid (one wave of resident blocks / clusters). Team g of
-// G pools rows g, g + G, g + 2G, ... of the compress list; before it pools row i it issues the
-// copies of row i + kStages - 1 into the stage that row i - 1 used, so kStages - 1 rows of
-// window entries are in flight while it pools, combines and stores. Plan rows are read one
-// iteration before their entries are staged. Invalid rows: kNone zeroes the output row.
-template <class C>
-__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_staged_kernel(const CompressArgs a) {
-  using L = StageLayout<C>;
-  using RawIn = typename Batch<C>::RawIn;
-  constexpr int S = C::kStages;
-  __shared__ Smem<C> sm;
-  extern __shared__ __align__(16) uint8_t stage_mem[];
-  int rank, team, u;
-  int64_t group;
-  block_coords<C>(rank, group, team, u);
-  if constexpr (C::kCluster) cluster_entry_arrive();
-  const int64_t teams = static_cast<int64_t>(gridDim.x / C::kCSplit) * C::kTeams;
-  const int64_t first = group * C::kTeams + team;
-  if (first >= a.rows) return;  // uniform across the team and the cluster
-  const auto* plan = reinterpret_cast<const CompressPlan*>(a.plan);
-  const ThreadSlice ts = thread_slice<C>(u, rank);
-  RawIn bias[C::kPerSplit];  // the bias rows of the thread's entries (the same for every row)
-#pragma unroll
-  for (int k = 0; k < C::kPerSplit; ++k) {
-    bias[k] = load_vec<typename C::TIn, 4>(static_cast<const typename C::TIn*>(a.ape) +
-                                            static_cast<int64_t>(ts.e0 + k) * C::H + ts.c);
-  }
-  stage_invariants<C>(a, sm, team, u);  // one-block stores: the weight blocks, with stage 0
-#pragma unroll
-  for (int j = 0; j < S - 1; ++j) {
-    const int64_t k = first + j * teams;
-    if (k < a.rows) stage_row<C>(plan[k], ts, a, stage_mem, j, team, u);
-    async_commit();
-  }
-  int64_t ahead = first + (S - 1) * teams;  // the row staged next
-  CompressPlan p_ahead{};
-  p_ahead.seq_len = kInvalidU32;
-  if (ahead < a.rows) p_ahead = plan[ahead];
-  int stage = 0, parity = 0;
-  bool entry_pending = C::kCluster;
-  for (int64_t k = first; k < a.rows; k += teams) {  // uniform across the team and the cluster
-    const int next_stage = stage == 0 ? S - 1 : stage - 1;  // the stage of row k - teams, done
-    if (ahead < a.rows) stage_row<C>(p_ahead, ts, a, stage_mem, next_stage, team, u);
-    async_commit();
-    ahead += teams;
-    if (ahead < a.rows) p_ahead = plan[ahead];
-    const CompressPlan p = plan[k];
-    async_wait<S - 1>();  // row k's copies (and everything older) have landed
-    if (p.seq_len == kInvalidU32) {
-      if constexpr (!C::kStoreRows) zero_out_row<C>(a, k, u, rank);
-    } else {
-      const Window w = prefill_window<C>(p);
-      const RowTarget t = prefill_target<C>(p, k, a);
-      pool_row<C>(t, a, sm, team, u, rank,
-                  StagedEntries<C>{w, ts.e0, L::slots(stage_mem, stage, static_cast<int>(threadIdx.x)), bias});
-      store_pooled_row<C>(t, a, sm, team, u, rank, parity, entry_pending, L::rope(stage_mem, stage, team));
-      parity ^= 1;
-    }
-    stage = stage + 1 == S ? 0 : stage + 1;
-  }
-  pdl_launch_dependents();
-}
-#endif
 
 // Prefill pass 2 (regular): one warp per WritePlan row copies the input row into the state.
 template <class C>
@@ -1226,11 +960,9 @@ struct Kernel {
   Fn fn;
   unsigned threads;
   int cluster;
-  int smem;  // dynamic shared memory bytes per block
   mutable std::atomic<int64_t> resident[kMaxDevices];  // 0: not yet set up on that device
 
-  Kernel(Fn f, int block, int cluster_blocks, int dyn_smem = 0)
-      : fn(f), threads(static_cast<unsigned>(block)), cluster(cluster_blocks), smem(dyn_smem) {
+  Kernel(Fn f, int block, int cluster_blocks) : fn(f), threads(static_cast<unsigned>(block)), cluster(cluster_blocks) {
     for (auto& r : resident) r.store(0, std::memory_order_relaxed);
   }
 
@@ -1254,13 +986,13 @@ struct Kernel {
     if (ready <= 0) return static_cast<gpuError_t>(-ready);
 #if FC_GPU_HIP
     (void)pdl;
-    hipLaunchKernelGGL(fn, dim3(grid), dim3(threads), static_cast<unsigned>(smem), stream, args);
+    hipLaunchKernelGGL(fn, dim3(grid), dim3(threads), 0, stream, args);
     return hipGetLastError();
 #else
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(grid);
     cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
     cudaLaunchAttribute attrs[2];
     unsigned n = 0;
@@ -1287,24 +1019,15 @@ struct Kernel {
     int sms = 0, per_sm = 0;
 #if FC_GPU_HIP
     if (hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, dev) != hipSuccess ||
-        hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, static_cast<int>(threads), smem) != hipSuccess) {
+        hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, static_cast<int>(threads), 0) != hipSuccess) {
       (void)hipGetLastError();
       return 1;
     }
 #else
-    // More than 48 KB of dynamic shared memory is an opt-in per kernel (set on every device).
-    if (smem > 48 * 1024) {
-      const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (e != cudaSuccess) {
-        (void)cudaGetLastError();
-        return -static_cast<int64_t>(e);
-      }
-    }
     if (cluster > 1) {
       cudaLaunchConfig_t cfg{};
       cfg.gridDim = dim3(static_cast<unsigned>(cluster));
       cfg.blockDim = dim3(threads);
-      cfg.dynamicSmemBytes = static_cast<size_t>(smem);
       cudaLaunchAttribute attr{};
       attr.id = cudaLaunchAttributeClusterDimension;
       attr.val.clusterDim.x = static_cast<unsigned>(cluster);
@@ -1320,7 +1043,7 @@ struct Kernel {
       return static_cast<int64_t>(clusters) * cluster;
     }
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, static_cast<int>(threads), smem) != cudaSuccess) {
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, static_cast<int>(threads), 0) != cudaSuccess) {
       (void)cudaGetLastError();
       return 1;
     }
@@ -1363,17 +1086,8 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt>::r
     return kernel.launch(row_grid<C>(a.rows, d.reqs_per_team), false, stream, d);
   }
   using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kPrefill>;
-#if FC_GPU_HIP
   static const Kernel pool{prefill_kernel<C>, C::kThreads, C::kCluster ? C::kCSplit : 1};
   gpuError_t err = pool.launch(row_grid<C>(a.rows, 1), false, stream, a);
-#else
-  // Persistent: at most one wave of resident blocks (whole clusters), each team loops over rows.
-  static const Kernel pool{prefill_staged_kernel<C>, C::kThreads, C::kCluster ? C::kCSplit : 1,
-                           StageLayout<C>::kBytes};
-  const int64_t wave = pool.setup() / C::kCSplit * C::kCSplit;  // <= 0: launch reports it
-  const int64_t grid = row_grid<C>(a.rows, 1);
-  gpuError_t err = pool.launch(static_cast<unsigned>(wave > 0 && wave < grid ? wave : grid), false, stream, a);
-#endif
   if (err != gpuSuccess) return err;
   if constexpr (kOnline) {
     using CW = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kOnlineWrite>;
