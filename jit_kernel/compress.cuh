@@ -247,22 +247,33 @@ struct Acc {
 
 __device__ __forceinline__ Acc acc_empty() { return Acc{-INFINITY, 0.f, 0.f}; }
 
+// exp(x). Fast: 2^(x log2 e) by ex2.approx with subnormal results flushed to zero (FMUL +
+// MUFU.EX2; __expf adds a range fix-up of 3 instructions for subnormal results, which change
+// no sum here: every sum of p = exp(logit - max) includes 1). exp(0) is exactly 1 and
+// exp(-inf) exactly 0 in both versions (acc_merge relies on it).
 template <bool kFast>
 __device__ __forceinline__ float exp_(float x) {
   if constexpr (kFast) {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__)
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+#else
     return __expf(x);
+#endif
   } else {
     return expf(x);
   }
 }
 
-// Merge b into a (either may be empty).
+// Merge b into a, without branches. An empty state (m = -inf, s = n = 0) is scaled by exactly 0
+// and the other by exactly 1, so merging with an empty state returns the other one bit for bit;
+// two empty states give an empty state (the max is replaced by 0 so no -inf - -inf arises).
 template <bool kFast>
 __device__ __forceinline__ Acc acc_merge(Acc a, Acc b) {
-  if (b.s == 0.f) return a;
-  if (a.s == 0.f) return b;
   const float m = fmaxf(a.m, b.m);
-  const float ra = exp_<kFast>(a.m - m), rb = exp_<kFast>(b.m - m);
+  const float ms = m == -INFINITY ? 0.f : m;
+  const float ra = exp_<kFast>(a.m - ms), rb = exp_<kFast>(b.m - ms);
   return Acc{m, a.s * ra + b.s * rb, a.n * ra + b.n * rb};
 }
 
@@ -340,6 +351,21 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
   using RawIn = Vec<TIn, 4>;
   using RawState = Vec<TState, 4>;
   constexpr int B = C::kBatch;
+  // Prefill: row pointers at channel c, set once per row, so entry e0 + j reads j rows past them
+  // (constant offsets once the batch loop unrolls). State rows: C128 the page (st_a, entry e at
+  // row 128 page1 + e); C4 the overlap page (st_a, e < 4) and the own page (st_b, e >= 4, row
+  // 4 page1 + e - 4). Input rows: q_first + e. Decode computes each entry's rows as it goes
+  // (fewer live registers, and the entry this launch writes, self_row, is found by its row).
+  constexpr bool kRowPtrs = !C::kDecode;
+  const TState* st_a = nullptr;
+  const TState* st_b = nullptr;
+  const TIn* in_e0 = nullptr;
+  const TIn* bias_e0 = ape + static_cast<int64_t>(C::kOnlineDecode ? w.bias_base : e0) * C::H + c;
+  if constexpr (kRowPtrs) {
+    st_a = state + (C::kRatio == 4 ? w.page0 * 4 : w.page1 * 128 + e0) * C::kStateWidth + c;
+    st_b = state + (w.page1 * 4 - 4) * C::kStateWidth + c;
+    in_e0 = input + (w.q_first + e0) * C::kInWidth + c;
+  }
 #if FC_GPU_HIP
 #pragma unroll C::kHipUnroll
 #else
@@ -355,32 +381,37 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
     RawState st_kv[kSame ? 1 : B], st_sc[kSame ? 1 : B];
 #pragma unroll
     for (int k = 0; k < B; ++k) {
-      const int e = e0 + b0 + k;
+      const int j = b0 + k, e = e0 + j;
       const bool live = e >= w.lo && e < w.hi;
       const bool from_state = e < w.buf_len;
-      const int64_t srow = from_state ? state_row_of<C>(w, e) : 0;
-      const bool self = from_state && srow == w.self_row;
+      const TState* st_row;
+      const TIn* in_row;
+      bool self = false;
+      if constexpr (kRowPtrs) {  // C4: e0 == 0, so e is a constant too
+        st_row = (C::kRatio == 4 && e >= 4 ? st_b : st_a) + static_cast<int64_t>(C::kRatio == 4 ? e : j) * C::kStateWidth;
+        in_row = in_e0 + static_cast<int64_t>(j) * C::kInWidth;
+      } else {
+        const int64_t srow = from_state ? state_row_of<C>(w, e) : 0;
+        self = from_state && srow == w.self_row;
+        st_row = state + srow * C::kStateWidth;
+        in_row = input + (self ? w.self_in : w.q_first + e) * C::kInWidth;
+      }
       kind[k] = !live ? 0 : (!from_state ? 1 : (self ? 3 : 2));
-      const int kc = kv_col<C>(e) + c, sc = score_col<C>(e) + c;
-      const int64_t irow = kind[k] == 3 ? w.self_in : w.q_first + e;
+      const int kc = kv_col<C>(e) + (kRowPtrs ? 0 : c), sc = score_col<C>(e) + (kRowPtrs ? 0 : c);
       if constexpr (kSame) {
-        const TIn* src = kind[k] == 2 ? reinterpret_cast<const TIn*>(state) + srow * C::kStateWidth
-                                      : input + irow * C::kInWidth;
+        const TIn* src = kind[k] == 2 ? reinterpret_cast<const TIn*>(st_row) : in_row;
         if (kind[k] != 0) {
           in_kv[k] = load_vec<TIn, 4>(src + kc);
           in_sc[k] = load_vec<TIn, 4>(src + sc);
         }
       } else if (kind[k] == 2) {
-        const TState* src = state + srow * C::kStateWidth;
-        st_kv[k] = load_vec<TState, 4>(src + kc);
-        st_sc[k] = load_vec<TState, 4>(src + sc);
+        st_kv[k] = load_vec<TState, 4>(st_row + kc);
+        st_sc[k] = load_vec<TState, 4>(st_row + sc);
       } else if (kind[k] != 0) {
-        const TIn* src = input + irow * C::kInWidth;
-        in_kv[k] = load_vec<TIn, 4>(src + kc);
-        in_sc[k] = load_vec<TIn, 4>(src + sc);
+        in_kv[k] = load_vec<TIn, 4>(in_row + kc);
+        in_sc[k] = load_vec<TIn, 4>(in_row + sc);
       }
-      const int brow = C::kOnlineDecode ? w.bias_base : e;
-      if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(ape + static_cast<int64_t>(brow) * C::H + c);
+      if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(bias_e0 + (C::kOnlineDecode ? 0 : j * C::H));
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -406,14 +437,16 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
         lg[k] += to_float(bias[k].v[i]);
         if (kind[k] != 0) m = fmaxf(m, lg[k]);
       }
-      if (m == -INFINITY) continue;  // no live entry in this batch
+      // Branch-free: a padding entry adds exact zeros (p = 0, kv = 0); a batch of padding only
+      // is an empty state, which acc_merge leaves out exactly.
+      const float ms = m == -INFINITY ? 0.f : m;
       float s = 0.f, n = 0.f;
 #pragma unroll
       for (int k = 0; k < B; ++k) {
-        if (kind[k] == 0) continue;
-        const float p = exp_<C::kFastExp>(lg[k] - m);
+        const bool live = kind[k] != 0;
+        const float p = live ? exp_<C::kFastExp>(lg[k] - ms) : 0.f;
         s += p;
-        n = fmaf(p, kv[k], n);
+        n = fmaf(p, live ? kv[k] : 0.f, n);
       }
       acc[i] = acc_merge<C::kFastExp>(acc[i], Acc{m, s, n});
     }
@@ -534,7 +567,7 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   float* row = C::kStoreRows ? &sm.row[team][0] : nullptr;
 
   // Phase 1: each (split, vector) thread pools its entries for 4 channels.
-  const int v = u % C::kVecs, split = u / C::kVecs;
+  const int v = u % C::kVecs, split = C::kSplit == 1 ? 0 : u / C::kVecs;
   Acc acc[4] = {acc_empty(), acc_empty(), acc_empty(), acc_empty()};
   pool_entries<C>(w, split * C::kPerSplit, chan0 + 4 * v, state, input, ape, acc);
 

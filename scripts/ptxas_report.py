@@ -8,6 +8,10 @@ Renders each variant's kernel TU exactly as the JIT does (templates/, jit_kernel
 a cubin for sm_90a with ``-Xptxas -v`` and prints one line per kernel: registers, stack frame,
 spill stores/loads, static shared memory. Needs nvcc (``CUDA_HOME`` or ``/usr/local/cuda``); the
 same flags as the JIT build. Nothing is cached or loaded.
+
+With ``--sass`` (needs ``nvdisasm``: on PATH, or ``NVDISASM=/path/to/nvdisasm``) each line also
+gives the kernel's static SASS instruction count and its memory instructions (LDG / STG / LDS /
+STS / LDGSTS): a proxy for the work per row of the unrolled pooling loops.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -40,7 +45,28 @@ def _demangle(names: list[str]) -> dict[str, str]:
         return {n: n for n in names}
 
 
-def report(spec: str, defines: list[str], nvcc: str) -> list[str]:
+def _sass_counts(cubin: Path, nvdisasm: str) -> dict[str, tuple[int, int]]:
+    """Static (instructions, memory instructions) per mangled function of a cubin."""
+    out = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    counts: dict[str, list[int]] = {}
+    cur = None
+    for line in out.splitlines():
+        m = re.match(r"\s*\.text\.(\S+):", line)
+        if m:
+            cur = m.group(1)
+            counts[cur] = [0, 0]
+            continue
+        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
+        if cur is not None and m:
+            op = m.group(1)
+            if op == "NOP":
+                continue
+            counts[cur][0] += 1
+            counts[cur][1] += op.split(".")[0] in ("LDG", "STG", "LDS", "STS", "LDGSTS", "LD", "ST", "LDSM")
+    return {k: (v[0], v[1]) for k, v in counts.items()}
+
+
+def report(spec: str, defines: list[str], nvcc: str, nvdisasm: str | None = None) -> list[str]:
     family, params = fam.parse_spec(spec)
     f = fam.get_family(family)
     rows = f.expand(params) if len(params) < len(f.space) else [params]
@@ -54,6 +80,7 @@ def report(spec: str, defines: list[str], nvcc: str) -> list[str]:
             cmd = [nvcc, *BASE_CUDA_FLAGS, *target_flags(key.target), *f.cuda_flags, *(f"-D{d}" for d in defines),
                    f"-I{kernel_include_dir()}", "-cubin", "-Xptxas", "-v", "-o", str(Path(tmp) / "k.cubin"), str(src)]
             res = subprocess.run(cmd, capture_output=True, text=True)
+            sass = _sass_counts(Path(tmp) / "k.cubin", nvdisasm) if nvdisasm and res.returncode == 0 else {}
         if res.returncode != 0:
             errors = "\n".join(line for line in res.stderr.splitlines() if "error" in line)
             lines.append(f"{key.describe()}: build failed\n{errors[:3000]}")
@@ -75,8 +102,9 @@ def report(spec: str, defines: list[str], nvcc: str) -> list[str]:
             if "regs" not in d and "sst" not in d:
                 continue
             short = re.sub(r"flashcompress::|\(flashcompress::\w+\)|compress::", "", names[mangled])[:150]
+            n_sass = f"  sass {sass[mangled][0]:>5} ({sass[mangled][1]:>4} mem)" if mangled in sass else ""
             lines.append(f"  {d.get('regs', '-'):>4} regs  frame {d.get('frame', '0'):>4}  spill {d.get('sst', '0')}/{d.get('sld', '0')}"
-                         f"  smem {d.get('smem', '0'):>6}  {short}")
+                         f"  smem {d.get('smem', '0'):>6}{n_sass}  {short}")
     return lines
 
 
@@ -84,14 +112,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("specs", nargs="*", help="family:key=value,... (default: the deepseek-v4-flash kernels)")
     ap.add_argument("-D", dest="defines", action="append", default=[], help="extra preprocessor definition")
+    ap.add_argument("--sass", action="store_true", help="also count SASS instructions (needs nvdisasm)")
     args = ap.parse_args(argv)
+    nvdisasm = None
+    if args.sass:
+        nvdisasm = os.environ.get("NVDISASM") or shutil.which("nvdisasm")
+        if not nvdisasm:
+            ap.error("--sass needs nvdisasm on PATH or NVDISASM=/path/to/nvdisasm")
     nvcc = str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
     specs = args.specs or ["store:dtype=f32", "compress:in_dtype=f32,state_dtype=f32,out_dtype=f32"]
     for spec in specs:
         family, params = fam.parse_spec(spec)
         if not params and family == "compress":
             spec = "compress:in_dtype=f32,state_dtype=f32,out_dtype=f32"
-        for line in report(spec, args.defines, nvcc):
+        for line in report(spec, args.defines, nvcc, nvdisasm):
             print(line, flush=True)
     return 0
 
