@@ -39,29 +39,14 @@
 //   (weight and RoPE row, loaded before the exchange). V4 and bf16 only: their tiles lie within
 //   64 dims; the indexer's Hadamard mixes a whole 128-dim row. Same bytes as store_row.
 //
-// The standalone kernels (StoreLaunch<kHeadDim, kFmt, kIn>::run, store_launch.h):
-//   kv [rows, H] fp32 | bf16; plan [rows, 16]. A plan row says whether kv row n is stored
-//   (target_of; decode DecodePlan: stored iff seq_len % ratio == 0, dest out_loc[row]; prefill
+// The standalone kernel (StoreLaunch<kHeadDim, kFmt, kIn>::run, store_launch.h):
+//   kv [rows, H] fp32 | bf16; plan [rows, 16]; grid ceil(rows / 8), block 256 = 8 warps, warp w of
+//   block b owns plan row 8b + w (surplus warps of the last block exit). Per row it reads the plan
+//   row (decode DecodePlan: stored iff seq_len % ratio == 0, dest out_loc[row]; prefill
 //   CompressPlan: stored iff seq_len != 0xFFFFFFFF, dest out_loc[ragged_id]; position
-//   int32(seq_len - ratio)); a stored row goes through store_row_ops, a skipped one writes
-//   nothing. Both kernels launch on the caller's stream, no host synchronisation, no allocation,
-//   graph-capturable; they write the same bytes. run picks one by the rows (FC_STORE_PIPELINE):
-//   one-row kernel (store_kernel; what fits in one wave of it: decode batches, small prefills)
-//     grid ceil(rows / 8), block 256 = 8 warps, warp w of block b stores plan row 8b + w (surplus
-//     warps exit): the plan row, then -- stored rows only -- out_loc, the kv row (one 16-B / 8-B
-//     load per lane per 128 dims), the weight and the RoPE row from global memory, store_row.
-//     No shared memory; one dependent chain plan -> operands -> math -> stores per warp.
-//   pipelined kernel (store_kernel_pipelined; more rows than one wave of the one-row kernel)
-//     persistent: grid = one wave of resident blocks (occupancy query, once per device), block
-//     128 = 4 warps; global warp g of G stores plan rows g, g + G, g + 2G, ... through kPipeStages
-//     (FC_STORE_STAGES, 2) stage slots in shared memory (RowStages, per warp and slot: the kv row
-//     (H x 4 B fp32 | H x 2 B bf16), the RoPE row (256 B), 32 copies of the out_loc entry and of
-//     the plan head of the row that refills the slot next (256 B each); H = 512 fp32, 2 slots:
-//     5.5 KB per warp, 22 KB per block). While a warp stores row i, the cp.async copies of rows
-//     i+1 .. i+kPipeStages-1 are in flight (the plan heads one round further ahead), so only the
-//     first rows of a warp wait for memory. Each lane copies exactly the bytes it reads back, so
-//     its own cp.async wait orders them: no barrier. The weight (1-2 KB, every row) is read from
-//     global memory (L1). Schedule and ordering: store_rows_pipelined.
+//   int32(seq_len - ratio)), then -- only for stored rows -- out_loc, the kv row (one 16-B / 8-B
+//   load per lane per 128 dims), the weight and the RoPE row, and calls store_row. Skipped rows
+//   write nothing. Launch on the caller's stream, no host synchronisation, graph-capturable.
 //
 // Host emulation (tests/native/store_host_emulator.cu): with FC_STORE_HOST_EMULATION defined the
 // row functions are __host__ __device__ and the host pass exchanges lane values through
@@ -69,12 +54,7 @@
 // butterfly order as vec.cuh's group_max / group_sum.
 #pragma once
 
-#include <algorithm>
-#include <atomic>
-#include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <type_traits>
 
 #include "gpu_runtime.h"
 #include "plan.cuh"
@@ -502,94 +482,51 @@ FC_STORE_FN void store_slice(float (&y)[4], const detail::BlockOperands& ops, in
   }
 }
 
-// ------------------------------------------------------------------ the standalone kernels
-//
-// Both kernels run the same row code: a plan row says whether its kv row is stored, at which RoPE
-// position and into which cache slot (target_of), and store_row_ops does the rest. They differ only
-// in where the operands come from and in how rows are scheduled (see the file comment).
-
-// The first 8 bytes of a plan row, all the standalone store reads of it: seq_len (both layouts)
-// and, of a CompressPlan, ragged_id (bytes 4..5; a DecodePlan's write_loc there goes unused).
-struct alignas(8) PlanHead {
-  uint32_t seq_len;
-  uint16_t ragged_id;
-  uint16_t unused;
-};
-static_assert(offsetof(CompressPlan, seq_len) == offsetof(PlanHead, seq_len) &&
-                  offsetof(DecodePlan, seq_len) == offsetof(PlanHead, seq_len) &&
-                  offsetof(CompressPlan, ragged_id) == offsetof(PlanHead, ragged_id),
-              "PlanHead mirrors the first 8 bytes of both plan layouts");
-static_assert(kDecodePlanBytes == kCompressPlanBytes, "one plan row size for both layouts");
-
-FC_STORE_FN PlanHead plan_head(const StoreKernelArgs& args, int64_t row) {
-  return *reinterpret_cast<const PlanHead*>(args.plan + row * kDecodePlanBytes);
-}
-
-// Where plan row `row` with head `h` stores (false: the row is skipped): its RoPE row and the
-// index of its cache slot in out_loc.
-struct RowTarget {
-  int32_t position;   // RoPE row
-  int64_t out_index;  // the slot is out_loc[out_index] (the plan row, or its ragged id)
-};
-
-FC_STORE_FN bool target_of(const StoreKernelArgs& args, int64_t row, PlanHead h, RowTarget& t) {
-  if (args.is_decode) {  // DecodePlan: stored iff the request's window closes
-    if (h.seq_len % args.ratio != 0) return false;
-    t.out_index = row;
-  } else {  // CompressPlan: stored unless the row is invalid
-    if (h.seq_len == kInvalidU32) return false;
-    t.out_index = h.ragged_id;
-  }
-  t.position = static_cast<int32_t>(h.seq_len - args.ratio);  // u32 subtraction as int32, as the peer does
-  return true;
-}
-
-// Where plan row `row` stores, read from global memory (false: the row is skipped).
+// Where plan row `row` of the standalone kernel stores (false: the row is skipped).
 struct RowDest {
   int64_t position;  // RoPE row
   int64_t loc;       // cache slot
 };
 
 FC_STORE_FN bool plan_row_dest(const StoreKernelArgs& args, int64_t row, RowDest& d) {
-  RowTarget t;
-  if (!target_of(args, row, plan_head(args, row), t)) return false;
-  d.position = t.position;
-  d.loc = args.out_loc[t.out_index];
+  uint32_t seq_len;
+  int64_t dest;
+  if (args.is_decode) {
+    const DecodePlan p = reinterpret_cast<const DecodePlan*>(args.plan)[row];
+    seq_len = p.seq_len;
+    if (seq_len % args.ratio != 0) return false;
+    dest = row;
+  } else {
+    const CompressPlan p = reinterpret_cast<const CompressPlan*>(args.plan)[row];
+    seq_len = p.seq_len;
+    if (seq_len == kInvalidU32) return false;
+    dest = p.ragged_id;
+  }
+  d.position = static_cast<int32_t>(seq_len - args.ratio);  // u32 subtraction as int32, as the peer does
+  d.loc = args.out_loc[dest];
   return true;
 }
 
-// Element of the kv rows: fp32, or bf16 bit patterns.
-template <RowDtype kIn>
-using RowElem = std::conditional_t<kIn == RowDtype::kF32, float, uint16_t>;
-
-// Lane `lane`'s values of the kv row at `src` in the canonical layout (fp32): its 4 elements at
-// 128 j + 4 lane of every 128-dim block j. `src` is the row in global memory or its stage slot
-// (the same layout).
+// Lane `lane`'s values of kv row `row` in the canonical layout (fp32).
 template <int kHeadDim, RowDtype kIn>
-FC_STORE_FN void load_row_values(const RowElem<kIn>* src, int lane, float (&v)[kHeadDim / 32]) {
+FC_STORE_FN void load_kv_row(const StoreKernelArgs& args, int64_t row, int lane, float (&v)[kHeadDim / 32]) {
 FC_STORE_UNROLL
   for (int j = 0; j < kHeadDim / 128; ++j) {
-    const RowElem<kIn>* p = src + 128 * j + 4 * lane;
+    const int64_t offset = row * kHeadDim + 128 * j + 4 * lane;
     if constexpr (kIn == RowDtype::kF32) {
-      const Vec<float, 4> x = detail::load4(p);
+      const Vec<float, 4> x = detail::load4(static_cast<const float*>(args.kv) + offset);
 FC_STORE_UNROLL
       for (int i = 0; i < 4; ++i) v[4 * j + i] = x.v[i];
     } else {
       float x[4];
-      detail::load4_bf16(p, x);
+      detail::load4_bf16(static_cast<const uint16_t*>(args.kv) + offset, x);
 FC_STORE_UNROLL
       for (int i = 0; i < 4; ++i) v[4 * j + i] = x[i];
     }
   }
 }
 
-// Lane `lane`'s values of kv row `row` (global memory).
-template <int kHeadDim, RowDtype kIn>
-FC_STORE_FN void load_kv_row(const StoreKernelArgs& args, int64_t row, int lane, float (&v)[kHeadDim / 32]) {
-  load_row_values<kHeadDim, kIn>(static_cast<const RowElem<kIn>*>(args.kv) + row * kHeadDim, lane, v);
-}
-
-// One plan row of the one-row kernel (warp-uniform: every lane takes the same branch).
+// One plan row of the standalone kernel (warp-uniform: every lane takes the same branch).
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 FC_STORE_FN void store_plan_row(const StoreKernelArgs& args, int64_t row, int lane) {
   RowDest d;
@@ -599,171 +536,8 @@ FC_STORE_FN void store_plan_row(const StoreKernelArgs& args, int64_t row, int la
   store_row<kHeadDim, kFmt>(v, lane, d.position, d.loc, args.store);
 }
 
-// ------------------------------------------------------------------ the pipelined kernel's stages
-
-// Stage slots per warp of the pipelined kernel (A/B knob, >= 2): a warp has kPipeStages - 1 rows'
-// copies in flight while it stores one.
-#ifndef FC_STORE_STAGES
-#define FC_STORE_STAGES 2
-#endif
-inline constexpr int kPipeStages = FC_STORE_STAGES;
-inline constexpr int kPipeWarpsPerBlock = 4;
-inline constexpr int kPipeBlockThreads = kPipeWarpsPerBlock * kWarpLanes;
-
-// One warp's stage slots in shared memory. Slot s holds one row's operands:
-//   kv[s]    the kv row in its global layout: lane l copies, then reads back, its 16 B (fp32) /
-//            8 B (bf16) at 128 j + 4 l of every 128-dim block j
-//   cs[s]    the row's RoPE table row: lanes 16..31 copy and read 16 B each
-//   loc[s]   the row's cache slot out_loc[...]: every lane copies (and reads) its own 8-B copy
-//   head[s]  the plan head of the row that refills the slot next: every lane its own copy
-// No lane reads another lane's bytes, so the lane's own stage_wait is all the ordering a slot
-// needs (no barrier).
-template <int kHeadDim, RowDtype kIn, int kSlots>
-struct alignas(16) RowStages {
-  static_assert(kSlots >= 2, "the pipeline needs two slots or more");
-  RowElem<kIn> kv[kSlots][kHeadDim];
-  float cs[kSlots][kRopeDim];
-  int64_t loc[kSlots][kWarpLanes];
-  PlanHead head[kSlots][kWarpLanes];
-};
-
-// Global -> shared copy of kBytes of one lane: 16 B by cp.async.cg (L2 only: a kv or RoPE row is
-// read once), 8 B by vec.cuh's async_copy (cp.async.ca: cg copies 16 B only); HIP: async_copy's
-// plain copy; the host emulator: memcpy.
-template <int kBytes>
-FC_STORE_FN void copy_to_stage(void* smem, const void* gmem) {
-#if !FC_STORE_LANES_ON_DEVICE
-  std::memcpy(smem, gmem, kBytes);
-#elif !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (kBytes == 16) {
-    const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(gmem) : "memory");
-  } else {
-    async_copy<kBytes>(smem, gmem);
-  }
-#else
-  async_copy<kBytes>(smem, gmem);
-#endif
-}
-
-// Close the lane's current group of stage copies / wait until at most kPending of its newest
-// groups are in flight (no-ops on the host emulator, whose copies are done when they return).
-FC_STORE_FN void stage_commit() {
-#if FC_STORE_LANES_ON_DEVICE
-  async_commit();
-#endif
-}
-
-template <int kPending>
-FC_STORE_FN void stage_wait() {
-#if FC_STORE_LANES_ON_DEVICE
-  async_wait<kPending>();
-#endif
-}
-
-// Copy kv row `row` into slot `slot` (this lane's bytes).
-template <int kHeadDim, RowDtype kIn, int kSlots>
-FC_STORE_FN void stage_kv_row(const StoreKernelArgs& args, int64_t row, int slot, int lane,
-                              RowStages<kHeadDim, kIn, kSlots>& st) {
-  constexpr int kBytes = 4 * sizeof(RowElem<kIn>);
-  const RowElem<kIn>* src = static_cast<const RowElem<kIn>*>(args.kv) + row * kHeadDim;
-FC_STORE_UNROLL
-  for (int j = 0; j < kHeadDim / 128; ++j) {
-    copy_to_stage<kBytes>(st.kv[slot] + 128 * j + 4 * lane, src + 128 * j + 4 * lane);
-  }
-}
-
-// Copy what a stored row needs besides its kv row into slot `slot`: its RoPE table row and its
-// cache slot.
-template <int kHeadDim, RowDtype kIn, int kSlots>
-FC_STORE_FN void stage_target(const StoreKernelArgs& args, const RowTarget& t, int slot, int lane,
-                              RowStages<kHeadDim, kIn, kSlots>& st) {
-  const int k = 4 * (lane - 16);
-  if (lane >= 16) {
-    copy_to_stage<16>(st.cs[slot] + k, args.store.freq + static_cast<int64_t>(t.position) * kRopeDim + k);
-  }
-  copy_to_stage<8>(&st.loc[slot][lane], args.out_loc + t.out_index);
-}
-
-// Store the row staged in slot `slot` (after the lane's stage_wait): the weight from global
-// memory (block_operands; the 1-2 KB every row reads stay in L1), the RoPE pairs and the cache
-// slot from the stage (the RoPE pairs through block_operands of a one-row table: freq = the
-// slot's row, position 0).
-template <int kHeadDim, StoreFormat kFmt, RowDtype kIn, int kSlots>
-FC_STORE_FN void store_staged_row(const StoreArgs& args, const RowStages<kHeadDim, kIn, kSlots>& st, int slot,
-                                  int lane) {
-  StoreArgs staged = args;
-  staged.freq = st.cs[slot];
-  detail::BlockOperands ops[kHeadDim / 128];
-FC_STORE_UNROLL
-  for (int j = 0; j < kHeadDim / 128; ++j) ops[j] = detail::block_operands<kHeadDim>(staged, j, lane, 0);
-  float v[kHeadDim / 32];
-  load_row_values<kHeadDim, kIn>(st.kv[slot], lane, v);
-  store_row_ops<kHeadDim, kFmt>(v, ops, lane, st.loc[slot][lane], args);
-}
-
-// The pipelined kernel's warp loop: plan rows first, first + stride, first + 2 stride, ... through
-// the warp's kSlots stage slots (its i-th row in slot i % kSlots). Warp-uniform, all 32 lanes.
-//   prologue   the plan heads of rows 0..kSlots-1 (register loads) and, speculatively, their kv
-//              rows (the addresses need no plan; a skipped row's copy is never read): one commit
-//              group; then, as each head lands, refill(row k, slot k) without the kv row: one
-//              group per row.
-//   refill     (row r into slot s) if r is stored: its kv row, RoPE row and cache slot; and the
-//              plan head of row r + kSlots strides (the slot's next row) into head[s]; one commit
-//              group, empty when r is skipped or past the end, so the wait count holds.
-//   row i      wait for its slot (at most kSlots - 1 newer groups, those of rows i+1 ..
-//              i+kSlots-1, still in flight; the group also brought head[slot], the head of row
-//              i + kSlots), store it, refill the slot with row i + kSlots.
-// Write-after-read: a refill overwrites its slot after the lane's shared-memory reads of it have
-// returned: the kv / RoPE / cache-slot values fed the row's stores, the plan head fed the refill's
-// own branch, both issued before the refill's cp.async in program order.
-template <int kHeadDim, StoreFormat kFmt, RowDtype kIn, int kSlots>
-FC_STORE_FN void store_rows_pipelined(const StoreKernelArgs& args, int first, int stride, int lane,
-                                      RowStages<kHeadDim, kIn, kSlots>& st) {
-  const int rows = static_cast<int>(args.rows);  // < 2^30 (StoreLaunch::run)
-  // Returns whether `row` is stored; with_kv false: the prologue copied its kv row already.
-  const auto refill = [&](int row, PlanHead h, int slot, bool with_kv) {
-    RowTarget t;
-    const bool stored = row < rows && target_of(args, row, h, t);
-    if (stored) {
-      if (with_kv) stage_kv_row(args, row, slot, lane, st);
-      stage_target(args, t, slot, lane, st);
-    }
-    const int next = row + kSlots * stride;
-    if (next < rows) {
-      copy_to_stage<8>(&st.head[slot][lane], args.plan + static_cast<int64_t>(next) * kDecodePlanBytes);
-    }
-    stage_commit();
-    return stored;
-  };
-
-  PlanHead head[kSlots] = {};
-FC_STORE_UNROLL
-  for (int k = 0; k < kSlots; ++k) {
-    if (first + k * stride < rows) head[k] = plan_head(args, first + k * stride);
-  }
-FC_STORE_UNROLL
-  for (int k = 0; k < kSlots; ++k) {
-    if (first + k * stride < rows) stage_kv_row(args, first + k * stride, k, lane, st);
-  }
-  stage_commit();
-  unsigned stored = 0;  // bit k: the row k slots ahead (bit 0: the next one to store) is stored
-FC_STORE_UNROLL
-  for (int k = 0; k < kSlots; ++k) stored |= unsigned{refill(first + k * stride, head[k], k, false)} << k;
-
-  int slot = 0;
-  for (int row = first; row < rows; row += stride) {
-    stage_wait<kSlots - 1>();
-    if (stored & 1u) store_staged_row<kHeadDim, kFmt>(args.store, st, slot, lane);
-    stored = (stored >> 1) | (unsigned{refill(row + kSlots * stride, st.head[slot][lane], slot, true)} << (kSlots - 1));
-    slot = slot + 1 == kSlots ? 0 : slot + 1;
-  }
-  stage_wait<0>();  // nothing left in flight when the warp exits
-}
-
 // ------------------------------------------------------------------ kernels and launchers
 
-// One-row kernel: warp w of block b stores plan row kWarpsPerBlock b + w.
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 __global__ void __launch_bounds__(kBlockThreads) store_kernel(const StoreKernelArgs args) {
   const int lane = static_cast<int>(threadIdx.x) & (kWarpLanes - 1);
@@ -771,79 +545,6 @@ __global__ void __launch_bounds__(kBlockThreads) store_kernel(const StoreKernelA
   if (row >= args.rows) return;  // whole warps only
   store_plan_row<kHeadDim, kFmt, kIn>(args, row, lane);
 }
-
-// Pipelined kernel: blocks per SM that its registers must allow (A/B knob, __launch_bounds__):
-// 7 lets the head-512 variants keep everything in registers (<= 72 each: 28 warps per SM); 8 caps
-// them at 64 (32 warps per SM), which costs a few bytes of spills in the V4 variants.
-#ifndef FC_STORE_PIPE_MIN_BLOCKS
-#define FC_STORE_PIPE_MIN_BLOCKS 7
-#endif
-
-// Pipelined kernel: global warp g of G = gridDim.x * kPipeWarpsPerBlock stores plan rows g, g + G,
-// g + 2G, ... (store_rows_pipelined), each warp through its own kPipeStages slots.
-template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
-__global__ void __launch_bounds__(kPipeBlockThreads, FC_STORE_PIPE_MIN_BLOCKS)
-    store_kernel_pipelined(const StoreKernelArgs args) {
-  __shared__ RowStages<kHeadDim, kIn, kPipeStages> stages[kPipeWarpsPerBlock];
-  const int lane = static_cast<int>(threadIdx.x) & (kWarpLanes - 1);
-  const int warp = static_cast<int>(threadIdx.x) / kWarpLanes;
-  store_rows_pipelined<kHeadDim, kFmt, kIn>(args, static_cast<int>(blockIdx.x) * kPipeWarpsPerBlock + warp,
-                                            static_cast<int>(gridDim.x) * kPipeWarpsPerBlock, lane, stages[warp]);
-}
-
-// Which kernel StoreLaunch::run launches (A/B knob): 0 the one-row kernel always; 1 the pipelined
-// kernel when the rows exceed one wave of the one-row kernel (its resident warps), else the
-// one-row kernel; 2 the pipelined kernel always. HIP: the one-row kernel always (cp.async is a
-// plain copy there, so the stages would overlap nothing).
-#ifndef FC_STORE_PIPELINE
-#define FC_STORE_PIPELINE 1
-#endif
-
-#if !FC_GPU_HIP
-inline constexpr int kMaxDevices = 64;
-
-// Resident blocks of kernel `fn` (`threads` per block, static shared memory only) on the current
-// device: SMs x blocks per SM, queried once per device and kept in `cache` (compress::Kernel::setup
-// does the same for the compress kernels). > 0, or the negated runtime error.
-template <class Fn>
-int64_t resident_blocks(Fn fn, int threads, std::atomic<int64_t> (&cache)[kMaxDevices]) {
-  int dev = 0;
-  const gpuError_t e = gpuGetDevice(&dev);
-  if (e != gpuSuccess) return -static_cast<int64_t>(e);
-  const bool cached = dev >= 0 && dev < kMaxDevices;
-  if (cached) {
-    const int64_t r = cache[dev].load(std::memory_order_relaxed);
-    if (r > 0) return r;
-  }
-  int sms = 0, per_sm = 0;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, threads, 0) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 1;
-  }
-  const int64_t r = static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
-  if (cached) cache[dev].store(r, std::memory_order_relaxed);
-  return r;
-}
-
-// The pipelined kernel's grid for `rows` plan rows (FC_STORE_PIPELINE), or 0: the one-row kernel.
-// Its grid is one wave of resident blocks, fewer when fewer warps than that have a row.
-// > 0 blocks, 0, or the negated runtime error.
-template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
-int64_t pipelined_grid(int64_t rows) {
-  if (FC_STORE_PIPELINE == 0 || rows >= (int64_t{1} << 30)) return 0;  // (its row arithmetic is 32-bit)
-  if (FC_STORE_PIPELINE == 1) {
-    static std::atomic<int64_t> one_row[kMaxDevices];
-    const int64_t blocks = resident_blocks(store_kernel<kHeadDim, kFmt, kIn>, kBlockThreads, one_row);
-    if (blocks <= 0) return blocks;
-    if (rows <= blocks * kWarpsPerBlock) return 0;  // one wave of the one-row kernel
-  }
-  static std::atomic<int64_t> pipelined[kMaxDevices];
-  const int64_t resident = resident_blocks(store_kernel_pipelined<kHeadDim, kFmt, kIn>, kPipeBlockThreads, pipelined);
-  if (resident <= 0) return resident;
-  return std::min(resident, (rows + kPipeWarpsPerBlock - 1) / kPipeWarpsPerBlock);
-}
-#endif
 
 // Thread t encodes x[4t .. 4t+3] (n % 4 == 0): the device path of every encoder.
 template <int kPerThread>
@@ -867,20 +568,10 @@ __global__ void __launch_bounds__(256) quant_probe_kernel(const float* x, uint8_
 
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 gpuError_t StoreLaunch<kHeadDim, kFmt, kIn>::run(const StoreKernelArgs& args, gpuStream_t stream) {
-  namespace st = store;
   if (args.rows <= 0) return gpuSuccess;
-#if !FC_GPU_HIP
-  const int64_t grid = st::pipelined_grid<kHeadDim, kFmt, kIn>(args.rows);
-  if (grid < 0) return static_cast<gpuError_t>(-grid);
-  if (grid > 0) {
-    st::store_kernel_pipelined<kHeadDim, kFmt, kIn>
-        <<<static_cast<unsigned>(grid), static_cast<unsigned>(st::kPipeBlockThreads), 0, stream>>>(args);
-    return gpuGetLastError();
-  }
-#endif
-  const int64_t blocks = (args.rows + st::kWarpsPerBlock - 1) / st::kWarpsPerBlock;
-  st::store_kernel<kHeadDim, kFmt, kIn>
-      <<<static_cast<unsigned>(blocks), static_cast<unsigned>(st::kBlockThreads), 0, stream>>>(args);
+  const int64_t blocks = (args.rows + store::kWarpsPerBlock - 1) / store::kWarpsPerBlock;
+  store::store_kernel<kHeadDim, kFmt, kIn>
+      <<<static_cast<unsigned>(blocks), static_cast<unsigned>(store::kBlockThreads), 0, stream>>>(args);
   return gpuGetLastError();
 }
 

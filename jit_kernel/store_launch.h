@@ -37,9 +37,7 @@ struct StoreKernelArgs {
 
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 struct StoreLaunch {
-  // One warp per plan row (a grid of them, or, for more rows than one wave of those, a persistent
-  // grid whose warps loop over the rows with their copies in flight: store.cuh), on `stream`; no
-  // host synchronisation, no allocation.
+  // One warp per plan row, several rows per block, on `stream`; no host synchronisation.
   static gpuError_t run(const StoreKernelArgs& args, gpuStream_t stream);
   // Test probe of the device encoders (quant.cuh) over n fp32 values: out[i] (4 bytes) =
   // pack_fp8(x[i]), e2m1_threshold(x[i]), bf16_bits(x[i]) (little-endian u16).

@@ -7,9 +7,7 @@
 * The store kernel's row code (``store_plan_row`` -> ``store_row``) runs on the CPU in
   tests/native/store_host_emulator.cu (32 threads as the 32 lanes, host shuffles) and its
   cache bytes match the PyTorch backend on random decode / prefill calls for every format
-  and row dtype, and the SGLang golden vectors byte for byte; so does the pipelined kernel's
-  warp loop (``store_rows_pipelined``, stage slots in host memory), byte for byte the same as
-  the one-row code.
+  and row dtype, and the SGLang golden vectors byte for byte.
 * The family registers with the expected space and presets; every variant renders thin
   sources, compiles for sm_90a through the JIT engine, loads, and its C++ format constants
   agree with ``flashcompress.layouts``; the binding rejects host tensors with a named error.
@@ -137,34 +135,23 @@ def _write_tensor(path: Path, t: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------- store_row on the host
 
 
-def _build_emulator(tmp_path_factory: pytest.TempPathFactory, *defines: str) -> Path:
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Path:
     nvcc = _nvcc()
     if not nvcc.exists():
         pytest.skip(f"nvcc not found at {nvcc}")
     exe = tmp_path_factory.mktemp("store_emulator") / "store_host_emulator"
     cmd = [str(nvcc), "-std=c++17", "-O2", "-Xcompiler=-Wall,-Wextra,-pthread", f"-I{INCLUDE}",
-           *(f"-D{d}" for d in defines), str(NATIVE / "store_host_emulator.cu"), "-o", str(exe)]
+           str(NATIVE / "store_host_emulator.cu"), "-o", str(exe)]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"emulator build failed:\n{' '.join(cmd)}\n{res.stdout}\n{res.stderr}"
     assert "warning" not in (res.stdout + res.stderr), res.stdout + res.stderr
     return exe
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _build_emulator(tmp_path_factory)
-
-
-@pytest.fixture(scope="module")
-def emulator_3_stages(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The emulator with the pipelined kernel's A/B knob FC_STORE_STAGES=3."""
-    return _build_emulator(tmp_path_factory, "FC_STORE_STAGES=3")
-
-
-def emulate(exe: Path, workdir: Path, case: StoreCase, slice_dims: int = 0, warps: int = 0) -> torch.Tensor:
+def emulate(exe: Path, workdir: Path, case: StoreCase, slice_dims: int = 0) -> torch.Tensor:
     """The emulated kernel's cache after the store of ``case`` (``slice_dims`` 64 / 128: the
-    compress kernel's cluster store, each slice's block stored on its own; ``warps`` > 0: the
-    pipelined kernel's warp loop over that many warps)."""
+    compress kernel's cluster store, each slice's block stored on its own)."""
     workdir.mkdir(parents=True, exist_ok=True)
     dtype = "f32" if case.kv.dtype == torch.float32 else "bf16"
     weight = case.norm_weight.to(case.kv.dtype)  # what cuda_ops.store passes
@@ -172,7 +159,7 @@ def emulate(exe: Path, workdir: Path, case: StoreCase, slice_dims: int = 0, warp
     eps_bits = struct.unpack("<I", struct.pack("<f", case.norm_eps))[0]
     (workdir / "params.txt").write_text(
         f"{case.fmt.name} {dtype} {case.kv.shape[0]} {case.ratio} {int(case.is_decode)} {case.page_size} "
-        f"{eps_bits} {freq.shape[0]} {case.out_loc.numel()} {case.cache.numel()} {slice_dims} {warps}\n")
+        f"{eps_bits} {freq.shape[0]} {case.out_loc.numel()} {case.cache.numel()} {slice_dims}\n")
     for name, t in (("kv", case.kv), ("plan", case.plan), ("out_loc", case.out_loc), ("weight", weight),
                     ("freq", freq), ("cache", case.cache)):
         _write_tensor(workdir / f"{name}.bin", t)
@@ -201,36 +188,6 @@ def test_emulated_store_matches_torch(emulator: Path, tmp_path: Path, fmt: str, 
     assert cmp.ok, cmp.report()
     # poisoned bytes outside the entries, and something was written
     assert not torch.equal(got, case.cache)
-
-
-PIPELINED = [(fmt, dtype, decode) for fmt in FORMATS for dtype in ("f32", "bf16") for decode in (True, False)]
-
-
-@pytest.mark.parametrize("fmt,dtype,decode", PIPELINED,
-                         ids=[f"{f}-{d}-{'decode' if m else 'prefill'}" for f, d, m in PIPELINED])
-def test_emulated_pipelined_store_matches_torch_and_the_one_row_store(emulator: Path, emulator_3_stages: Path,
-                                                                      tmp_path: Path, fmt: str, dtype: str,
-                                                                      decode: bool) -> None:
-    """The pipelined kernel's warp loop (store_rows_pipelined: stage slots reused round robin,
-    plan heads a row ahead, skipped rows and rows past the end) writes the reference bytes and the
-    same bytes as the one-row kernel: 1 warp (every row through the slots), 5 warps (4-5 rows
-    each) and 40 warps (more warps than rows: one row or none each); with 2 stage slots (the
-    default) and 3 (FC_STORE_STAGES=3)."""
-    torch_dtype = torch.float32 if dtype == "f32" else torch.bfloat16
-    ratio = 128 if fmt == "v4" and not decode else 4
-    page_size = 2 if ratio == 128 else 4
-    case = make_case(fmt, torch_dtype, decode, rows=24, ratio=ratio, page_size=page_size,
-                     seed=200 + PIPELINED.index((fmt, dtype, decode)))
-    valid, _, _ = case.targets()
-    assert 0 < int(valid.sum()) < case.kv.shape[0], "the case needs stored and skipped rows"
-    want = reference_cache(case)
-    one_row = emulate(emulator, tmp_path / "one_row", case)
-    for stages, exe in ((2, emulator), (3, emulator_3_stages)):
-        for warps in (1, 5, 40):
-            got = emulate(exe, tmp_path / f"s{stages}w{warps}", case, warps=warps)
-            cmp = compare_store(got, want, case.cache, case)
-            assert cmp.ok, f"{stages} stages, {warps} warps: {cmp.report()}"
-            assert torch.equal(got, one_row), f"{stages} stages, {warps} warps: not the one-row kernel's bytes"
 
 
 SLICED = [(fmt, dtype, dims) for fmt in ("v4", "bf16") for dtype in ("f32", "bf16") for dims in (64, 128)]

@@ -3,21 +3,16 @@
 // Runs the exact per-row code of jit_kernel/store.cuh (store_plan_row -> store_row) on the CPU:
 // 32 std::threads play the 32 lanes of one warp and walk the plan rows together; the lane
 // shuffles (store::host_lanes::shfl_xor) exchange values through a shared slot array between
-// two barriers. Or the pipelined kernel's warp loop (store_rows_pipelined): the lanes play each
-// of `warps` warps in turn, warp w storing rows w, w + warps, ... through its stage slots (a
-// RowStages in host memory; the stage copies are plain copies there). Used by
-// tests/test_store_kernel_host.py to compare the bytes with the PyTorch
+// two barriers. Used by tests/test_store_kernel_host.py to compare the bytes with the PyTorch
 // backend and with the golden vectors.
 //
 // Usage: store_host_emulator <dir>. <dir>/params.txt holds
 //   <fmt: v4|idx_fp8|idx_fp4|bf16> <dtype: f32|bf16> <rows> <ratio> <is_decode> <page_size>
-//   <eps as fp32 bit pattern> <freq_rows> <out_loc_len> <cache_bytes> [<slice: 0|64|128>
-//   [<warps>]]
+//   <eps as fp32 bit pattern> <freq_rows> <out_loc_len> <cache_bytes> [<slice: 0|64|128>]
 // slice 0 (default) runs store_row; 64 or 128 (V4, bf16) runs the sliced store of the compress
 // kernel's epilogue (the C128 cluster's blocks, or the warps of a head-512 one-block store): the
 // warp plays each slice's block / warp in turn (slice_sum_squares), adds the partial sums in
-// slice order, then stores every slice with store_slice. warps > 0 (slice 0 only) runs the
-// pipelined kernel's loop as `warps` warps of kPipeStages slots.
+// slice order, then stores every slice with store_slice.
 // and the raw little-endian tensors kv.bin ([rows, H] fp32 or bf16 bits), plan.bin ([rows, 16]),
 // out_loc.bin (int64), weight.bin ([H] in the kv dtype), freq.bin (fp32 [freq_rows, 64]),
 // cache.bin (cache_bytes, the cache before). Writes <dir>/cache_out.bin.
@@ -28,7 +23,6 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -102,24 +96,16 @@ std::vector<unsigned char> read_file(const std::string& path) {
   return std::vector<unsigned char>((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
 }
 
-// Run lane_fn(lane) on 32 threads, one per lane of the emulated warp.
-template <class LaneFn>
-void run_lanes(const LaneFn& lane_fn) {
+template <int kHeadDim, fc::StoreFormat kFmt, fc::RowDtype kIn>
+void run_rows(const fc::StoreKernelArgs& args) {
   std::vector<std::thread> lanes;
   for (int lane = 0; lane < fc::store::kWarpLanes; ++lane) {
-    lanes.emplace_back([&lane_fn, lane] {
+    lanes.emplace_back([&args, lane] {
       fc::store::host_lanes::t_lane = lane;
-      lane_fn(lane);
+      for (int64_t row = 0; row < args.rows; ++row) fc::store::store_plan_row<kHeadDim, kFmt, kIn>(args, row, lane);
     });
   }
   for (auto& t : lanes) t.join();
-}
-
-template <int kHeadDim, fc::StoreFormat kFmt, fc::RowDtype kIn>
-void run_rows(const fc::StoreKernelArgs& args) {
-  run_lanes([&args](int lane) {
-    for (int64_t row = 0; row < args.rows; ++row) fc::store::store_plan_row<kHeadDim, kFmt, kIn>(args, row, lane);
-  });
 }
 
 // One lane of the sliced store of plan row `row` (kSlice-dim slices, as the cluster blocks hold them).
@@ -149,30 +135,18 @@ void store_row_sliced(const fc::StoreKernelArgs& args, int64_t row, int lane) {
 
 template <int kHeadDim, fc::StoreFormat kFmt, fc::RowDtype kIn, int kSlice>
 void run_rows_sliced(const fc::StoreKernelArgs& args) {
-  run_lanes([&args](int lane) {
-    for (int64_t row = 0; row < args.rows; ++row) store_row_sliced<kHeadDim, kFmt, kIn, kSlice>(args, row, lane);
-  });
-}
-
-// The pipelined kernel's rows: warp w of `warps` stores rows w, w + warps, ... (one warp at a time).
-template <int kHeadDim, fc::StoreFormat kFmt, fc::RowDtype kIn>
-void run_rows_pipelined(const fc::StoreKernelArgs& args, int warps) {
-  namespace st = fc::store;
-  auto stages = std::make_unique<st::RowStages<kHeadDim, kIn, st::kPipeStages>>();
-  run_lanes([&args, &stages, warps](int lane) {
-    for (int w = 0; w < warps; ++w) st::store_rows_pipelined<kHeadDim, kFmt, kIn>(args, w, warps, lane, *stages);
-  });
-}
-
-template <int kHeadDim, fc::StoreFormat kFmt, fc::RowDtype kIn>
-void run_mode(int slice, int warps, const fc::StoreKernelArgs& args) {
-  if (warps > 0) {
-    if (slice != 0) {
-      std::cerr << "the pipelined loop stores whole rows (slice 0)\n";
-      std::exit(2);
-    }
-    return run_rows_pipelined<kHeadDim, kFmt, kIn>(args, warps);
+  std::vector<std::thread> lanes;
+  for (int lane = 0; lane < fc::store::kWarpLanes; ++lane) {
+    lanes.emplace_back([&args, lane] {
+      fc::store::host_lanes::t_lane = lane;
+      for (int64_t row = 0; row < args.rows; ++row) store_row_sliced<kHeadDim, kFmt, kIn, kSlice>(args, row, lane);
+    });
   }
+  for (auto& t : lanes) t.join();
+}
+
+template <int kHeadDim, fc::StoreFormat kFmt, fc::RowDtype kIn>
+void run_mode(int slice, const fc::StoreKernelArgs& args) {
   if constexpr (kFmt == fc::StoreFormat::kV4 || kFmt == fc::StoreFormat::kBf16) {
     if (slice == 64) return run_rows_sliced<kHeadDim, kFmt, kIn, 64>(args);
     if (slice == 128) return run_rows_sliced<kHeadDim, kFmt, kIn, 128>(args);
@@ -185,11 +159,11 @@ void run_mode(int slice, int warps, const fc::StoreKernelArgs& args) {
 }
 
 template <int kHeadDim, fc::StoreFormat kFmt>
-void run_dtype(const std::string& dtype, int slice, int warps, const fc::StoreKernelArgs& args) {
+void run_dtype(const std::string& dtype, int slice, const fc::StoreKernelArgs& args) {
   if (dtype == "f32") {
-    run_mode<kHeadDim, kFmt, fc::RowDtype::kF32>(slice, warps, args);
+    run_mode<kHeadDim, kFmt, fc::RowDtype::kF32>(slice, args);
   } else {
-    run_mode<kHeadDim, kFmt, fc::RowDtype::kBF16>(slice, warps, args);
+    run_mode<kHeadDim, kFmt, fc::RowDtype::kBF16>(slice, args);
   }
 }
 
@@ -211,9 +185,8 @@ int main(int argc, char** argv) {
     std::cerr << "bad params.txt\n";
     return 2;
   }
-  int slice = 0, warps = 0;
+  int slice = 0;
   if (!(params >> slice)) slice = 0;
-  if (!(params >> warps)) warps = 0;
   std::vector<unsigned char> kv = read_file(dir + "/kv.bin"), plan = read_file(dir + "/plan.bin"),
                              out_loc = read_file(dir + "/out_loc.bin"), weight = read_file(dir + "/weight.bin"),
                              freq = read_file(dir + "/freq.bin"), cache = read_file(dir + "/cache.bin");
@@ -261,16 +234,16 @@ int main(int argc, char** argv) {
   };
   if (fmt == "v4") {
     args.store.page_bytes = page_bytes(576, 8, 576);
-    run_dtype<512, fc::StoreFormat::kV4>(dtype, slice, warps, args);
+    run_dtype<512, fc::StoreFormat::kV4>(dtype, slice, args);
   } else if (fmt == "idx_fp8") {
     args.store.page_bytes = page_bytes(128, 4, 1);
-    run_dtype<128, fc::StoreFormat::kIndexFp8>(dtype, slice, warps, args);
+    run_dtype<128, fc::StoreFormat::kIndexFp8>(dtype, slice, args);
   } else if (fmt == "idx_fp4") {
     args.store.page_bytes = page_bytes(64, 4, 1);
-    run_dtype<128, fc::StoreFormat::kIndexFp4>(dtype, slice, warps, args);
+    run_dtype<128, fc::StoreFormat::kIndexFp4>(dtype, slice, args);
   } else if (fmt == "bf16") {
     args.store.page_bytes = page_bytes(1024, 0, 1);
-    run_dtype<512, fc::StoreFormat::kBf16>(dtype, slice, warps, args);
+    run_dtype<512, fc::StoreFormat::kBf16>(dtype, slice, args);
   } else {
     std::cerr << "unknown format " << fmt << "\n";
     return 2;
