@@ -357,6 +357,7 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
   // 4 page1 + e - 4). Input rows: q_first + e. Decode computes each entry's rows as it goes
   // (fewer live registers, and the entry this launch writes, self_row, is found by its row).
   constexpr bool kRowPtrs = !C::kDecode;
+  static_assert(C::kRatio == 128 || C::kSplit == 1, "C4 indexes its state rows by entry: one split (e0 == 0)");
   const TState* st_a = nullptr;
   const TState* st_b = nullptr;
   const TIn* in_e0 = nullptr;

@@ -383,3 +383,29 @@ def test_ptxas_report_prints_every_kernel_of_a_variant() -> None:
     assert len(kernels) == 1, res.stdout
     regs = int(kernels[0].split()[0])
     assert 16 <= regs <= 255 and "spill" in kernels[0]
+
+
+def test_ptxas_report_counts_sass_per_function(tmp_path: Path) -> None:
+    """``ptxas_report.py --sass`` counts each function's SASS instructions (NOPs left out) and its
+    memory instructions from ``nvdisasm -c`` output (a stand-in nvdisasm prints a fixed listing)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ptxas_report", REPO / "scripts" / "ptxas_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    listing = """
+	.text._Z1av:
+        /*0000*/                   LDG.E.128 R4, desc[UR6][R2.64] ;
+        /*0010*/               @P0 FADD R1, R2, R3 ;
+        /*0020*/              @!P1 BRA `(.L_x_1) ;
+        /*0030*/                   NOP ;
+        /*0040*/                   STS [R1], R2 ;
+	.text._Z1bv:
+        /*0000*/                   MUFU.EX2 R1, R2 ;
+        /*0010*/                   EXIT ;
+"""
+    fake = tmp_path / "nvdisasm"
+    fake.write_text(f"#!/bin/sh\ncat <<'LISTING'\n{listing}LISTING\n")
+    fake.chmod(0o755)
+    counts = mod._sass_counts(tmp_path / "unused.cubin", str(fake))
+    assert counts == {"_Z1av": (4, 2), "_Z1bv": (2, 0)}
