@@ -17,10 +17,10 @@
 //
 // Self-contained on purpose: no cuda_bf16.h / cuda_fp8.h (HIP 5.2 lacks hip_bf16.h and
 // hip_fp8.h), only bit manipulation and C math functions whose semantics are fixed by C99
-// (fminf, fmaxf, fabsf, rintf under the default rounding mode). The one hardware shortcut is
+// (fminf, fmaxf, fabsf, rintf under the default rounding mode). The hardware shortcuts are
 // pack_fp8x4 on sm_89+ (cvt.rn.satfinite.e4m3x2.f32), which is bit-identical to the software
-// path for the finite inputs it receives (clip448 has already removed NaN and infinities);
-// define FC_QUANT_SOFTWARE_ONLY to compile it out. The reference for every function is
+// path for the finite inputs it receives (clip448 has already removed NaN and infinities), and
+// bf16_bits on sm_80+ (cvt.rn.bf16.f32); define FC_QUANT_SOFTWARE_ONLY to compile them out. The reference for every function is
 // python/flashcompress/torch_backend/quant.py; tests/test_store_kernel_host.py checks them bit
 // for bit on the host over a dense grid of fp32 patterns.
 #pragma once
@@ -51,6 +51,13 @@
 #define FC_QUANT_HW_E4M3 1
 #else
 #define FC_QUANT_HW_E4M3 0
+#endif
+// 1 iff bf16_bits uses the sm_80+ conversion cvt.rn.bf16.f32 (RNE, subnormals kept, overflow to
+// inf, every NaN to the canonical 0x7FFF: the software path's semantics).
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800) && !defined(FC_QUANT_SOFTWARE_ONLY)
+#define FC_QUANT_HW_BF16 1
+#else
+#define FC_QUANT_HW_BF16 0
 #endif
 
 namespace flashcompress {
@@ -96,6 +103,11 @@ FC_QUANT_FN float div_rn(float a, float b) {
 // ---------------------------------------------------------------------------------- bf16
 
 FC_QUANT_FN uint16_t bf16_bits(float x) {
+#if FC_QUANT_HW_BF16
+  uint16_t r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+  return r;
+#endif
   const uint32_t b = float_bits(x);
   if (is_nan_bits(b)) return kBf16CanonicalNan;
   // RNE on the 16 dropped bits; a carry ripples into the exponent (up to inf), as it should.
