@@ -164,7 +164,9 @@ def compress_forward(
     if ape.dtype is not in_dtype:
         ape = ape.to(in_dtype)
     memo = (ratio, is_online, head_dim, in_dtype, state.dtype, out.dtype, "none")
-    module = _MODULES.get(memo) or _module(*memo)
+    module = _MODULES.get(memo)
+    if module is None:
+        module = _module(*memo)
     is_decode = plan_w is None
     module.compress(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, out, is_decode)
 
@@ -199,6 +201,8 @@ def compress_and_store(
     if in_dtype is not torch.float32:  # the kernel reads an fp32 weight
         norm_weight = norm_weight.float()
     memo = (ratio, is_online, head_dim, in_dtype, state.dtype, in_dtype, fmt.name)
-    module = _MODULES.get(memo) or _module(*memo)
+    module = _MODULES.get(memo)
+    if module is None:
+        module = _module(*memo)
     module.compress_store(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, norm_weight,
                           freq_table(freq_cis), out_loc, kvcache, norm_eps, int(page_size), is_decode)
