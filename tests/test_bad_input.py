@@ -344,3 +344,17 @@ def test_plan_copy_checks_kind_dtype_and_shape() -> None:
     b[1][0, 0] ^= 1
     a.copy_(b)
     assert torch.equal(a[1], b[1])
+
+
+def test_byte_span_matches_the_strided_extent() -> None:
+    """``byte_span`` takes the tensor's bytes for contiguous tensors (the aliasing checks' fast case):
+    it must agree with the extent the strides reach for every layout, contiguous or not."""
+    from flashcompress.validation import byte_span
+
+    base = torch.zeros(6, 8, 4)
+    views = [base, base[1:3], base[:, 2:5], base.transpose(0, 1), base[..., ::2], base[2:2], base[1:2, :, :1],
+             base[:, :1].expand(6, 5, 4), torch.zeros(1, 3).as_strided((1, 3), (99, 1)), torch.zeros(0, 3)]
+    for t in views:
+        start = t.data_ptr()
+        extent = 0 if t.numel() == 0 else 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+        assert byte_span(t) == (start, start + extent * t.element_size()), (tuple(t.shape), t.stride())

@@ -70,35 +70,38 @@ def _fast_compress(
     layer = _LAYERS.get((compress_ratio, head_dim, is_online))  # type: ignore[arg-type]
     if layer is None or type(compress_ratio) is not int or type(head_dim) is not int:
         return None
-    if plan.compress_ratio != compress_ratio or plan.is_online not in (None, is_online):
+    if plan[0] != compress_ratio or plan.is_online not in (None, is_online):  # plan[0]: the plan's ratio
         return None
-    if buf.dtype not in _FLOATS or kv_score_input.dtype not in _FLOATS or (out is not None and out.dtype not in _FLOATS):
+    in_dtype = kv_score_input.dtype
+    if buf.dtype not in _FLOATS or in_dtype not in _FLOATS or (out is not None and out.dtype not in _FLOATS):
         return None  # the full checks name the argument with the unsupported dtype
-    if is_online and kv_score_input.dtype != torch.float32:
+    if is_online and in_dtype is not torch.float32:
         return None
     # guards (attribute tests only): autograd inputs and an input inside the state pool take the full checks
     if torch.is_grad_enabled() and (buf.requires_grad or kv_score_input.requires_grad or ape.requires_grad):
         return None
-    in0 = kv_score_input.data_ptr()
-    if in0 < buf.data_ptr() + buf.nbytes and buf.data_ptr() < in0 + kv_score_input.nbytes:
+    in0, buf0 = kv_score_input.data_ptr(), buf.data_ptr()
+    if in0 < buf0 + buf.nbytes and buf0 < in0 + kv_score_input.nbytes:
         return None
     width, page_rows = layer
-    if buf.dim() == 3:
-        if buf.shape[1] != page_rows or buf.shape[2] != width or not buf.is_contiguous():
+    shape = buf.shape
+    if len(shape) == 3:
+        if shape[1] != page_rows or shape[2] != width or not buf.is_contiguous():
             return None
         buf = buf.view(-1, width)
-    elif buf.dim() != 2:
+    elif len(shape) != 2:
         return None
     return _Compress(buf, kv_score_input, ape, plan[1], None if plan.is_decode else plan[2],
                      compress_ratio, head_dim, is_online)
 
 
-def _fast_store(kv_device: torch.device, D: int, plan: object, norm_weight: object, norm_eps: object,
+def _fast_store(D: int, plan: object, norm_weight: object, norm_eps: object,
                 freq_cis: object, use_fp4: object, bf16_store: object) -> CacheFormat | None:
-    """The CUDA short path of a store: the cache format, or None to run the full checks."""
-    if not (kv_device.type == "cuda" and type(plan) in _PLAN_TYPES and type(use_fp4) is bool
+    """The CUDA short path of a store (the caller tested that its rows are on CUDA): the cache
+    format, or None to run the full checks."""
+    if not (type(plan) in _PLAN_TYPES and type(use_fp4) is bool
             and type(bf16_store) is bool and type(norm_eps) is float and 0.0 < norm_eps < 1.0
-            and type(freq_cis) is torch.Tensor and freq_cis.dtype == torch.complex64
+            and type(freq_cis) is torch.Tensor and freq_cis.dtype is torch.complex64
             and not debug_checks_enabled()):
         return None
     if torch.is_grad_enabled() and (freq_cis.requires_grad or getattr(norm_weight, "requires_grad", False)):
@@ -128,16 +131,18 @@ def _check_compress(
     state = V.flat_state(kv_score_buffer, ratio, head_dim, is_online)
     device = state.device
     plan_rows = V.check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, device)
+    n_rows = plan_rows.shape[0]
     plan_w = None
     if not plan.is_decode:
         plan_w = V.check_plan_tensor("plan[2]", plan[2], PLAN_ROW_BYTES if is_online else WRITE_ROW_BYTES, device)
-    inp, ape_t = V.check_compress_inputs(state, kv_score_input, ape, out, plan_rows.shape[0], ratio, head_dim, is_online)
-    if plan_w is None and inp.shape[0] != plan_rows.shape[0]:
-        V.fail("kv_score_input", f"{plan_rows.shape[0]} rows (one per decode request)", inp.shape[0])
-    if plan_w is not None and inp.shape[0] < plan_w.shape[0]:
-        V.fail("kv_score_input", f">= {plan_w.shape[0]} rows (WritePlan rows)", inp.shape[0])
+    inp, ape_t = V.check_compress_inputs(state, kv_score_input, ape, out, n_rows, ratio, head_dim, is_online)
+    n_in = inp.shape[0]
+    if plan_w is None and n_in != n_rows:
+        V.fail("kv_score_input", f"{n_rows} rows (one per decode request)", n_in)
+    if plan_w is not None and n_in < plan_w.shape[0]:
+        V.fail("kv_score_input", f">= {plan_w.shape[0]} rows (WritePlan rows)", n_in)
     if V.wants_value_checks(plan_rows):
-        rows, n_in = state.shape[0], inp.shape[0]
+        rows = state.shape[0]
         if plan_w is None:
             V.check_plan_indices(rows, n_in, ratio, is_online, decode=decode_fields(plan_rows))
         elif is_online:
@@ -197,12 +202,13 @@ def _run_compress_forward(
     c = _fast_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
     if c is None:
         c = _check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
+    device, n_rows, plan_w = c.state.device, c.plan_rows.shape[0], c.plan_w
     if out is None:
-        out = torch.empty((c.plan_rows.shape[0], c.head_dim), dtype=c.inp.dtype, device=c.state.device)
-    if c.plan_rows.shape[0] == 0 and (c.plan_w is None or c.plan_w.shape[0] == 0):
+        out = torch.empty((n_rows, c.head_dim), dtype=c.inp.dtype, device=device)
+    if n_rows == 0 and (plan_w is None or plan_w.shape[0] == 0):
         return out
-    ops_backend(c.state.device).compress_forward(
-        c.state, c.inp, c.ape, c.plan_rows, c.plan_w, out,
+    ops_backend(device).compress_forward(
+        c.state, c.inp, c.ape, c.plan_rows, plan_w, out,
         ratio=c.ratio, head_dim=c.head_dim, is_online=c.is_online)
     return out
 
@@ -240,8 +246,8 @@ def _run_compress_norm_rope_store(
     kvcache: object, page_size: object, use_fp4: object, bf16_store: object,
 ) -> None:
     """Validation + dispatch of ``compress_norm_rope_store`` (also the torch.compile op's implementation)."""
-    if type(kv) is torch.Tensor and kv.dim() == 2 and not (torch.is_grad_enabled() and kv.requires_grad):
-        fmt = _fast_store(kv.device, kv.shape[1], plan, norm_weight, norm_eps, freq_cis, use_fp4, bf16_store)
+    if type(kv) is torch.Tensor and kv.is_cuda and kv.dim() == 2 and not (torch.is_grad_enabled() and kv.requires_grad):
+        fmt = _fast_store(kv.shape[1], plan, norm_weight, norm_eps, freq_cis, use_fp4, bf16_store)
         if fmt is not None:
             plan_rows = plan[1]  # type: ignore[index]
             if plan_rows.shape[0]:
@@ -256,12 +262,13 @@ def _run_compress_norm_rope_store(
         kv, plan_rows.shape[0], norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
         use_fp4, bf16_store, plan.is_decode, select_cache_format,
     )
-    if plan_rows.device != kv_t.device:
-        V.fail("plan[1]", f"device {kv_t.device} (same as kv)", plan_rows.device)
+    device = kv_t.device
+    if plan_rows.device != device:
+        V.fail("plan[1]", f"device {device} (same as kv)", plan_rows.device)
     if plan_rows.shape[0] == 0:
         return
     _check_store_values(plan, plan_rows, loc, kvcache, page_size, freq)
-    ops_backend(kv_t.device).compress_norm_rope_store(
+    ops_backend(device).compress_norm_rope_store(
         kv_t, plan_rows, is_decode=plan.is_decode, ratio=plan.compress_ratio,
         norm_weight=norm_weight, norm_eps=float(norm_eps), freq_cis=freq,
         out_loc=loc, kvcache=kvcache, page_size=page_size, fmt=fmt,
@@ -311,8 +318,8 @@ def _run_compress_and_store(
 ) -> None:
     """Validation + dispatch of ``compress_and_store`` (also the torch.compile op's implementation)."""
     c = _fast_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, None, is_online)
-    fmt = None if c is None else _fast_store(c.state.device, c.head_dim, plan, norm_weight, norm_eps, freq_cis, use_fp4,
-                                                bf16_store)
+    # a short-path compress is on CUDA, so the store may take its short path too
+    fmt = None if c is None else _fast_store(c.head_dim, plan, norm_weight, norm_eps, freq_cis, use_fp4, bf16_store)
     if c is not None and fmt is not None:
         loc, freq = out_loc, freq_cis
     else:
@@ -322,10 +329,11 @@ def _run_compress_and_store(
             page_size, use_fp4, bf16_store, plan.is_decode, select_cache_format,  # type: ignore[union-attr]
         )
         _check_store_values(plan, c.plan_rows, loc, kvcache, page_size, freq)  # type: ignore[arg-type]
-    if c.plan_rows.shape[0] == 0 and (c.plan_w is None or c.plan_w.shape[0] == 0):
+    plan_w = c.plan_w
+    if c.plan_rows.shape[0] == 0 and (plan_w is None or plan_w.shape[0] == 0):
         return
     ops_backend(c.state.device).compress_and_store(
-        c.state, c.inp, c.ape, c.plan_rows, c.plan_w,
+        c.state, c.inp, c.ape, c.plan_rows, plan_w,
         ratio=c.ratio, head_dim=c.head_dim, is_online=c.is_online, is_decode=plan.is_decode,  # type: ignore[union-attr]
         norm_weight=norm_weight, norm_eps=float(norm_eps), freq_cis=freq,  # type: ignore[arg-type]
         out_loc=loc, kvcache=kvcache, page_size=page_size, fmt=fmt,

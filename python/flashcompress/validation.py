@@ -33,6 +33,14 @@ from .layouts import (
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16)
 INT32_MAX = 2**31 - 1
+# check_tensor takes tuples only (no per-call normalisation)
+_F32 = (torch.float32,)
+_I32 = (torch.int32,)
+_I64 = (torch.int64,)
+_U8 = (torch.uint8,)
+_C64 = (torch.complex64,)
+_1D = (1,)
+_2D = (2,)
 
 
 def fail(arg: str, expected: object, actual: object, exc: type[Exception] = ValueError) -> NoReturn:
@@ -41,7 +49,7 @@ def fail(arg: str, expected: object, actual: object, exc: type[Exception] = Valu
 
 def wants_value_checks(t: torch.Tensor) -> bool:
     """Data-dependent checks run for CPU tensors, and for device tensors in debug mode."""
-    return t.device.type == "cpu" or debug_checks_enabled()
+    return t.is_cpu or debug_checks_enabled()
 
 
 # --------------------------------------------------------------------------
@@ -53,8 +61,8 @@ def check_tensor(
     arg: str,
     t: object,
     *,
-    dtypes: tuple[torch.dtype, ...] | torch.dtype,
-    ndim: int | tuple[int, ...],
+    dtypes: tuple[torch.dtype, ...],
+    ndim: tuple[int, ...],
     device: torch.device | None = None,
     contiguous: bool = True,
 ) -> torch.Tensor:
@@ -65,13 +73,10 @@ def check_tensor(
     if t.requires_grad and torch.is_grad_enabled():
         fail(arg, "a tensor that does not require grad (the ops are not differentiable: detach() it or "
              "call under torch.no_grad() / torch.inference_mode())", "requires_grad=True")
-    if isinstance(dtypes, torch.dtype):
-        dtypes = (dtypes,)
     if t.dtype not in dtypes:
         fail(arg, "dtype " + " or ".join(str(d) for d in dtypes), t.dtype, TypeError)
-    ndims = (ndim,) if isinstance(ndim, int) else ndim
-    if t.dim() not in ndims:
-        fail(arg, f"a {' or '.join(map(str, ndims))}-D tensor", f"shape {tuple(t.shape)}")
+    if t.dim() not in ndim:
+        fail(arg, f"a {' or '.join(map(str, ndim))}-D tensor", f"shape {tuple(t.shape)}")
     if device is not None and t.device != device:
         fail(arg, f"device {device} (same as the other tensors)", t.device)
     if contiguous and not t.is_contiguous():
@@ -79,20 +84,21 @@ def check_tensor(
     return t
 
 
-def _byte_span(t: torch.Tensor) -> tuple[int, int]:
+def byte_span(t: torch.Tensor) -> tuple[int, int]:
     """``[first, last)`` byte addresses ``t`` can touch (empty span for an empty tensor)."""
     start = t.data_ptr()
+    if t.is_contiguous():  # the common case: the span is the tensor's bytes (none when empty)
+        return start, start + t.nbytes
     if t.numel() == 0:
         return start, start
-    extent = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    extent = 1 + sum([(n - 1) * abs(st) for n, st in zip(t.shape, t.stride())])
     return start, start + extent * t.element_size()
 
 
-def check_no_overlap(arg: str, t: torch.Tensor, other_arg: str, other: torch.Tensor, why: str) -> None:
-    """``t`` and ``other`` (already checked tensors) must not share any byte of memory."""
-    a0, a1 = _byte_span(t)
-    b0, b1 = _byte_span(other)
-    if a0 < b1 and b0 < a1:
+def check_no_overlap(arg: str, span: tuple[int, int], other_arg: str, other: tuple[int, int], why: str) -> None:
+    """Two already checked tensors, given by their ``byte_span``, must not share any byte of memory
+    (spans are passed so that a tensor compared with several others is measured once)."""
+    if span[0] < other[1] and other[0] < span[1]:
         fail(arg, f"memory separate from {other_arg} ({why})", f"a tensor overlapping {other_arg}")
 
 
@@ -102,7 +108,7 @@ def check_size(arg: str, t: torch.Tensor, dim: int, expected: int, what: str = "
 
 
 def check_ratio(compress_ratio: object) -> int:
-    if isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int):
+    if type(compress_ratio) is not int and (isinstance(compress_ratio, bool) or not isinstance(compress_ratio, int)):
         fail("compress_ratio", "an int in {4, 128}", repr(compress_ratio), TypeError)
     if compress_ratio not in SUPPORTED_RATIOS:
         fail("compress_ratio", "4 or 128", compress_ratio)
@@ -110,7 +116,7 @@ def check_ratio(compress_ratio: object) -> int:
 
 
 def check_int(arg: str, value: object, *, minimum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, int)):
         fail(arg, "an int", repr(value), TypeError)
     if minimum is not None and value < minimum:
         fail(arg, f">= {minimum}", value)
@@ -134,11 +140,11 @@ def check_head_dim(head_dim: object, ratio: int, online: bool) -> int:
 def check_world(
     req_pool_indices: object, req_to_token: object, full_to_state: object | None
 ) -> torch.device:
-    rpi = check_tensor("req_pool_indices", req_pool_indices, dtypes=torch.int64, ndim=1)
+    rpi = check_tensor("req_pool_indices", req_pool_indices, dtypes=_I64, ndim=_1D)
     device = rpi.device
-    r2t = check_tensor("req_to_token", req_to_token, dtypes=torch.int32, ndim=2, device=device)
+    r2t = check_tensor("req_to_token", req_to_token, dtypes=_I32, ndim=_2D, device=device)
     if full_to_state is not None:
-        check_tensor("full_to_state", full_to_state, dtypes=torch.int64, ndim=1, device=device)
+        check_tensor("full_to_state", full_to_state, dtypes=_I64, ndim=_1D, device=device)
     if rpi.numel() and wants_value_checks(rpi):
         lo, hi = int(rpi.min()), int(rpi.max())
         if lo < 0 or hi >= r2t.shape[0]:
@@ -199,7 +205,7 @@ def check_state_locations(
 
 
 def check_lengths(arg: str, t: object, batch: int, device: torch.device, *, allow_cpu: bool) -> torch.Tensor:
-    lens = check_tensor(arg, t, dtypes=torch.int64, ndim=1)
+    lens = check_tensor(arg, t, dtypes=_I64, ndim=_1D)
     if lens.device != device and not (allow_cpu and lens.device.type == "cpu"):
         fail(arg, f"device {device}" + (" or cpu" if allow_cpu else ""), lens.device)
     check_size(arg, lens, 0, batch, "one per request")
@@ -290,13 +296,14 @@ def flat_state(kv_score_buffer: object, ratio: int, head_dim: int, online: bool)
     """Check the state pool and return its flat ``[rows, width]`` view."""
     buf = check_tensor("kv_score_buffer", kv_score_buffer, dtypes=FLOAT_DTYPES, ndim=(2, 3))
     width = state_width(ratio, head_dim, online)
-    if buf.shape[-1] != width:
+    shape = buf.shape
+    if shape[-1] != width:
         kind = "online C128 [max|sum|kv]" if online else f"ratio {ratio}"
-        fail("kv_score_buffer", f"last dim {width} ({kind}, head_dim {head_dim})", f"shape {tuple(buf.shape)}")
-    if buf.dim() == 3:
+        fail("kv_score_buffer", f"last dim {width} ({kind}, head_dim {head_dim})", f"shape {tuple(shape)}")
+    if len(shape) == 3:
         rows_per_page = 1 if online else ratio
-        if buf.shape[1] != rows_per_page:
-            fail("kv_score_buffer", f"paged view [pages, {rows_per_page}, {width}]", f"shape {tuple(buf.shape)}")
+        if shape[1] != rows_per_page:
+            fail("kv_score_buffer", f"paged view [pages, {rows_per_page}, {width}]", f"shape {tuple(shape)}")
         return buf.view(-1, width)
     return buf
 
@@ -312,30 +319,34 @@ def check_compress_inputs(
     online: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     device = state.device
-    dtypes = (torch.float32,) if online else FLOAT_DTYPES
-    inp = check_tensor("kv_score_input", kv_score_input, dtypes=dtypes, ndim=2, device=device)
-    check_size("kv_score_input", inp, 1, input_width(ratio, head_dim), f"[tokens, {input_width(ratio, head_dim)}]")
-    ape_t = check_tensor("ape", ape, dtypes=dtypes, ndim=2, device=device)
+    dtypes = _F32 if online else FLOAT_DTYPES
+    inp = check_tensor("kv_score_input", kv_score_input, dtypes=dtypes, ndim=_2D, device=device)
+    width = input_width(ratio, head_dim)
+    if inp.shape[1] != width:
+        check_size("kv_score_input", inp, 1, width, f"[tokens, {width}]")  # raises
+    ape_t = check_tensor("ape", ape, dtypes=dtypes, ndim=_2D, device=device)
     ape_rows = 8 if ratio == 4 else 128
-    if tuple(ape_t.shape) != (ape_rows, head_dim):
+    if ape_t.shape != (ape_rows, head_dim):
         fail("ape", f"shape ({ape_rows}, {head_dim})", f"shape {tuple(ape_t.shape)}")
     in_place = "the state pool is updated in place"
-    check_no_overlap("kv_score_input", inp, "kv_score_buffer", state, in_place)
-    check_no_overlap("ape", ape_t, "kv_score_buffer", state, in_place)
+    state_span, inp_span, ape_span = byte_span(state), byte_span(inp), byte_span(ape_t)
+    check_no_overlap("kv_score_input", inp_span, "kv_score_buffer", state_span, in_place)
+    check_no_overlap("ape", ape_span, "kv_score_buffer", state_span, in_place)
     if out is not None:
-        out_t = check_tensor("out", out, dtypes=dtypes, ndim=2, device=device)
-        if tuple(out_t.shape) != (plan_rows, head_dim):
+        out_t = check_tensor("out", out, dtypes=dtypes, ndim=_2D, device=device)
+        if out_t.shape != (plan_rows, head_dim):
             fail("out", f"shape ({plan_rows}, {head_dim}) (one row per plan row)", f"shape {tuple(out_t.shape)}")
         written = "out is written while the others are read"
-        check_no_overlap("out", out_t, "kv_score_buffer", state, written)
-        check_no_overlap("out", out_t, "kv_score_input", inp, written)
-        check_no_overlap("out", out_t, "ape", ape_t, written)
+        out_span = byte_span(out_t)
+        check_no_overlap("out", out_span, "kv_score_buffer", state_span, written)
+        check_no_overlap("out", out_span, "kv_score_input", inp_span, written)
+        check_no_overlap("out", out_span, "ape", ape_span, written)
     return inp, ape_t
 
 
 def check_plan_tensor(arg: str, t: object, row_bytes: int, device: torch.device | None) -> torch.Tensor:
     """A ``uint8 [rows, row_bytes]`` contiguous plan tensor (on ``device`` when given)."""
-    check_tensor(arg, t, dtypes=torch.uint8, ndim=2, device=device)
+    check_tensor(arg, t, dtypes=_U8, ndim=_2D, device=device)
     check_size(arg, t, 1, row_bytes, "plan row bytes")  # type: ignore[arg-type]
     return t  # type: ignore[return-value]
 
@@ -410,7 +421,7 @@ def check_store_args(
     is_decode: bool,
     fmt_for: Callable[[int, bool, bool], CacheFormat],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, CacheFormat]:
-    kv_t = check_tensor("kv", kv, dtypes=FLOAT_DTYPES, ndim=2)
+    kv_t = check_tensor("kv", kv, dtypes=FLOAT_DTYPES, ndim=_2D)
     D = kv_t.shape[1]
     if D not in (128, 512):
         fail("kv", "head dim 128 (indexer) or 512 (main KV)", f"shape {tuple(kv_t.shape)}")
@@ -418,7 +429,8 @@ def check_store_args(
     loc, freq, fmt = check_store_targets(
         kv_t.device, D, plan_rows, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
         use_fp4, bf16_store, is_decode, fmt_for)
-    check_no_overlap("kv", kv_t, "kvcache", kvcache, "kvcache is written while kv is read")  # type: ignore[arg-type]
+    check_no_overlap("kv", byte_span(kv_t), "kvcache", byte_span(kvcache),  # type: ignore[arg-type]
+                     "kvcache is written while kv is read")
     return kv_t, loc, freq, fmt
 
 
@@ -438,33 +450,37 @@ def check_store_targets(
     fmt_for: Callable[[int, bool, bool], CacheFormat],
 ) -> tuple[torch.Tensor, torch.Tensor, CacheFormat]:
     """Everything of a store call except the rows themselves (``compress_and_store`` has none)."""
-    if not isinstance(use_fp4, bool):
+    if type(use_fp4) is not bool:  # bool cannot be subclassed: same as isinstance
         fail("use_fp4", "a bool", repr(use_fp4), TypeError)
-    if not isinstance(bf16_store, bool):
+    if type(bf16_store) is not bool:
         fail("bf16_store", "a bool", repr(bf16_store), TypeError)
     if use_fp4 and D != 128:
         fail("use_fp4", "False unless head dim is 128 (FP4 is the indexer format)", f"True with head dim {D}")
     if bf16_store and D != 512:
         fail("bf16_store", "False unless head dim is 512 (main KV)", f"True with head dim {D}")
-    w = check_tensor("norm_weight", norm_weight, dtypes=FLOAT_DTYPES, ndim=1, device=device)
+    w = check_tensor("norm_weight", norm_weight, dtypes=FLOAT_DTYPES, ndim=_1D, device=device)
     check_size("norm_weight", w, 0, D, "head dim of kv")
-    if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not (0 < float(norm_eps) < 1):
+    if not (type(norm_eps) is float and 0.0 < norm_eps < 1.0) and (  # the common case decided by the first test
+            isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not (0 < float(norm_eps) < 1)):
         fail("norm_eps", "a float in (0, 1)", repr(norm_eps), TypeError if not isinstance(norm_eps, (int, float)) else ValueError)
-    freq = check_tensor("freq_cis", freq_cis, dtypes=(torch.complex64,), ndim=2, device=device, contiguous=False)
+    freq = check_tensor("freq_cis", freq_cis, dtypes=_C64, ndim=_2D, device=device, contiguous=False)
     check_size("freq_cis", freq, 1, 32, "rope_dim / 2 complex entries")
-    loc = check_tensor("out_loc", out_loc, dtypes=torch.int64, ndim=1, device=device)
-    if is_decode and loc.shape[0] != plan_rows:
-        fail("out_loc", f"{plan_rows} entries (one per decode request)", loc.shape[0])
-    if not is_decode and loc.shape[0] < plan_rows:
-        fail("out_loc", f">= {plan_rows} entries (one per query token)", loc.shape[0])
+    loc = check_tensor("out_loc", out_loc, dtypes=_I64, ndim=_1D, device=device)
+    n_loc = loc.shape[0]
+    if is_decode and n_loc != plan_rows:
+        fail("out_loc", f"{plan_rows} entries (one per decode request)", n_loc)
+    if not is_decode and n_loc < plan_rows:
+        fail("out_loc", f">= {plan_rows} entries (one per query token)", n_loc)
     check_int("page_size", page_size, minimum=1)
     if page_size & (page_size - 1):  # type: ignore[operator]
         fail("page_size", "a power of two", page_size)
     fmt = fmt_for(D, use_fp4, bf16_store)
-    cache = check_tensor("kvcache", kvcache, dtypes=torch.uint8, ndim=2, device=device)
+    cache = check_tensor("kvcache", kvcache, dtypes=_U8, ndim=_2D, device=device)
     written = "kvcache is written while the others are read"
-    for name, t in (("norm_weight", w), ("freq_cis", freq), ("out_loc", loc)):
-        check_no_overlap(name, t, "kvcache", cache, written)
+    cache_span = byte_span(cache)
+    check_no_overlap("norm_weight", byte_span(w), "kvcache", cache_span, written)
+    check_no_overlap("freq_cis", byte_span(freq), "kvcache", cache_span, written)
+    check_no_overlap("out_loc", byte_span(loc), "kvcache", cache_span, written)
     row_bytes = fmt.data_bytes * page_size if fmt.scale_bytes == 0 else fmt.page_bytes(page_size)  # type: ignore[arg-type]
     if cache.shape[1] != row_bytes:
         fail("kvcache", f"[pages, {row_bytes}] ({fmt.name} page of {page_size} tokens)", f"shape {tuple(cache.shape)}")

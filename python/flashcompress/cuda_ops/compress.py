@@ -38,7 +38,6 @@ from .store import freq_table
 __all__ = ["COMPRESS", "compress_and_store", "compress_forward"]
 
 _DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
-_FORMATS: dict[str, str] = {"v4": "v4", "idx_fp8": "idx_fp8", "idx_fp4": "idx_fp4", "bf16": "bf16"}
 
 
 def _validate(p: Mapping[str, Any]) -> None:
@@ -135,7 +134,8 @@ _MODULES: dict[tuple[Any, ...], Any] = module_memo()
 
 def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: torch.dtype,
             out: torch.dtype, store: str) -> Any:
-    """The loaded variant, memoised on the call's own values (one tuple, one dict lookup)."""
+    """The loaded variant, memoised on the call's own values (the launchers look in ``_MODULES``
+    themselves first and call this only on a miss)."""
     memo = (ratio, online, head_dim, inp, state, out, store)
     module = _MODULES.get(memo)
     if module is None:
@@ -160,9 +160,13 @@ def compress_forward(
     is_online: bool,
 ) -> None:
     """Pool windows into ``out`` and update the state pool (decode: ``plan_w`` is None)."""
-    if ape.dtype != inp.dtype:
-        ape = ape.to(inp.dtype)
-    module = _module(ratio, is_online, head_dim, inp.dtype, state.dtype, out.dtype, "none")
+    in_dtype = inp.dtype
+    if ape.dtype is not in_dtype:
+        ape = ape.to(in_dtype)
+    memo = (ratio, is_online, head_dim, in_dtype, state.dtype, out.dtype, "none")
+    module = _MODULES.get(memo)
+    if module is None:
+        module = _module(*memo)
     is_decode = plan_w is None
     module.compress(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, out, is_decode)
 
@@ -189,12 +193,16 @@ def compress_and_store(
     """Pool windows, update the state pool and store each compressed row into ``kvcache``: the
     compress kernel with the store epilogue (decode: one launch; prefill: the pooling pass, which
     stores, then the state write pass)."""
-    if ape.dtype != inp.dtype:
-        ape = ape.to(inp.dtype)
-    if norm_weight.dtype != inp.dtype:  # the two-step path rounds the weight to the kv dtype
-        norm_weight = norm_weight.to(inp.dtype)
-    if norm_weight.dtype != torch.float32:
+    in_dtype = inp.dtype
+    if ape.dtype is not in_dtype:
+        ape = ape.to(in_dtype)
+    if norm_weight.dtype is not in_dtype:  # the two-step path rounds the weight to the kv dtype
+        norm_weight = norm_weight.to(in_dtype)
+    if in_dtype is not torch.float32:  # the kernel reads an fp32 weight
         norm_weight = norm_weight.float()
-    module = _module(ratio, is_online, head_dim, inp.dtype, state.dtype, inp.dtype, _FORMATS[fmt.name])
+    memo = (ratio, is_online, head_dim, in_dtype, state.dtype, in_dtype, fmt.name)
+    module = _MODULES.get(memo)
+    if module is None:
+        module = _module(*memo)
     module.compress_store(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, norm_weight,
-                          freq_table(freq_cis), out_loc, kvcache, float(norm_eps), int(page_size), is_decode)
+                          freq_table(freq_cis), out_loc, kvcache, norm_eps, int(page_size), is_decode)

@@ -306,6 +306,9 @@ def on_reload(hook: Callable[[], None]) -> None:
 
 _JIT_ENABLED: bool | None = None
 _DEBUG: bool | None = None
+# device -> its type string. ``torch.device.type`` costs about 0.6 µs (torch 2.13), a dict hit about
+# 0.1; devices are immutable values (hashed by type and index), so an entry never goes stale.
+_DEVICE_TYPES: dict[Any, str] = {}
 
 
 def jit_enabled_for(device: Any) -> bool:
@@ -315,7 +318,10 @@ def jit_enabled_for(device: Any) -> bool:
     which includes ROCm builds of torch) use JIT kernels unless ``backend = "torch"``.
     """
     global _JIT_ENABLED
-    if getattr(device, "type", device) != "cuda":
+    kind = _DEVICE_TYPES.get(device)
+    if kind is None:
+        kind = _DEVICE_TYPES[device] = getattr(device, "type", device)
+    if kind != "cuda":
         return False
     if _JIT_ENABLED is None:
         _JIT_ENABLED = get_settings().backend != "torch"
