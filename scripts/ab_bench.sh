@@ -8,7 +8,8 @@
 #        bash scripts/ab_bench.sh --export REF [NAME]      # REF's jit_kernel/ -> .whl/ab/NAME/
 #        bash scripts/ab_bench.sh --export REF NAME -D FC_DECODE_WAVES=2 compress.cuh
 #                                                           # ... with a '#define X ...' knob reset
-#   2. on the GPU (device tool: run(command="bash scripts/ab_bench.sh bench_pipeline.py --cases
+#   2. on the GPU, FC_COMMIT naming this tree's commit (device tool: run(command="FC_COMMIT=abc1234
+#      bash scripts/ab_bench.sh bench_pipeline.py --cases
 #      decode-B512-rand --reps 20", carry=[".whl"])):
 #        bash scripts/ab_bench.sh BENCH [ARGS...]          # benchmarks/BENCH once per .whl/ab/*/
 #                                                           # and once on this tree ("head")
@@ -62,8 +63,12 @@ for name in "${names[@]}"; do
     [ -f "$tree/python/flashcompress/default-cache-config.toml" ] \
       || { echo "$name: the tree copy has no default-cache-config.toml (ab_bench.sh copies too little)" >&2; exit 1; }
   fi
+  # the tables' header names the tree: FC_COMMIT for this one (a lent machine's git metadata can
+  # be stale), the exported directory for the others
+  label="${FC_COMMIT:-unknown}"
+  [ "$name" != head ] && label="A/B tree $name (.whl/ab/$name)"
   (cd "$tree" && PYTHONPATH="$tree/python${PYTHONPATH:+:$PYTHONPATH}" FLASHCOMPRESS_CACHE_DIR="/tmp/ab-cache-$name" \
-    "$PY" "benchmarks/$bench" "$@" --md "$OUT/ab_$name.md" >"$OUT/ab_$name.log" 2>&1)
+    FC_COMMIT="$label" "$PY" "benchmarks/$bench" "$@" --md "$OUT/ab_$name.md" >"$OUT/ab_$name.log" 2>&1)
   echo "$name: exit $? ($OUT/ab_$name.md)"
 done
 
