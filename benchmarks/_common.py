@@ -18,6 +18,9 @@ Cases (the issue tables' cases)
     ``rand``: exactly round(B/4) requests close a ratio-4 window (seq_len % 4 == 0) and,
     among them, exactly round(B/128) a ratio-128 window (seq_len % 128 == 0);
     ``bnd``: every request closes a ratio-128 window.
+    Diagnostic, run only when ``--cases`` names it (``decode-B512-open``): ``rand``'s ratio-4
+    closings but no ratio-128 window closes (a C128 launch that only copies rows: the launch's
+    cost without the teams that pool a closing request).
   * prefill, 8192 tokens over 4 requests and 32768 tokens over 8 requests, each request
     a chunk of T/n tokens after a random unaligned prefix (prefix % 4 != 0).
   * 256-token pages in random physical order: every request owns shuffled full pages
@@ -158,7 +161,7 @@ class CaseSpec:
     name: str
     kind: str  # "decode" | "prefill"
     batch: int
-    scenario: str = ""  # decode: "rand" | "bnd"
+    scenario: str = ""  # decode: "rand" | "bnd" | "open" (diagnostic)
     tokens: int = 0  # prefill: total new tokens
     ctx: tuple[int, int] = (1024, 65536)
 
@@ -181,6 +184,8 @@ def all_cases(device: torch.device) -> list[CaseSpec]:
 
 
 SHORT_CASES = ("decode-B1-rand", "decode-B512-rand", "decode-B512-bnd", "prefill-8192")
+# Run only when a --cases filter names one of them (substring or glob of the case name).
+DIAGNOSTIC_CASES = (CaseSpec("decode-B512-open", "decode", 512, "open"),)
 
 
 def matches(filters: Sequence[str], *names: str) -> bool:
@@ -201,6 +206,8 @@ def select_cases(device: torch.device, short: bool, filters: Sequence[str],
     cases = all_cases(device)
     if short and device.type != "cpu":
         cases = [c for c in cases if c.name in SHORT_CASES]
+    if filters and device.type != "cpu":
+        cases += [c for c in DIAGNOSTIC_CASES if matches(filters, c.name)]
     return [c for c in cases if any(matches(filters, c.name, ln) for ln in layer_names)]
 
 
@@ -243,7 +250,7 @@ def _decode_lengths(rng: random.Random, spec: CaseSpec) -> list[int]:
     if spec.scenario == "bnd":
         classes = [128] * b
     else:
-        n128 = round(b / 128)
+        n128 = 0 if spec.scenario == "open" else round(b / 128)
         n4 = round(b / 4) - n128
         classes = [128] * n128 + [4] * n4 + [1] * (b - n4 - n128)
         rng.shuffle(classes)

@@ -157,5 +157,27 @@ def test_decode_scenarios_have_exact_boundary_counts():
         assert sum(s % 128 == 0 for s in rand) == round(b / 128)
         bnd = C._decode_lengths(random.Random(b), C.CaseSpec("d", "decode", b, "bnd"))
         assert all(s % 128 == 0 and 1024 <= s <= 65536 for s in bnd)
+        opened = C._decode_lengths(random.Random(b), C.CaseSpec("d", "decode", b, "open"))
+        assert sum(s % 4 == 0 for s in opened) == round(b / 4) and not any(s % 128 == 0 for s in opened)
     pre = C._prefill_requests(random.Random(0), C.CaseSpec("p", "prefill", 8, tokens=32768))
     assert sum(s - p for p, s in pre) == 32768 and all(p % 4 and s <= 65536 for p, s in pre)
+
+
+def test_diagnostic_cases_run_only_when_named():
+    """``decode-B512-open`` joins a GPU run only when a --cases filter selects it by name."""
+    import torch
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _common as C
+    finally:
+        sys.path.remove(str(BENCH))
+    gpu, layers = torch.device("cuda"), ["c128-512"]
+
+    def names(short: bool, filters: list[str]) -> list[str]:
+        return [c.name for c in C.select_cases(gpu, short, filters, layers)]
+
+    assert "decode-B512-open" not in names(False, []) and "decode-B512-open" not in names(True, [])
+    assert names(False, ["decode-B512-open"]) == ["decode-B512-open"]
+    assert "decode-B512-open" in names(False, ["decode-B512"]) and "decode-B512-rand" in names(False, ["decode-B512"])
+    assert "decode-B512-open" not in [c.name for c in C.select_cases(torch.device("cpu"), False, ["open"], layers)]
