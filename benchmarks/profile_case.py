@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     dev = torch.device("cuda")
-    specs = {c.name: c for c in C.all_cases(dev)}
+    specs = {c.name: c for c in (*C.all_cases(dev), *C.DIAGNOSTIC_CASES)}
     if args.case not in specs:
         p.error(f"unknown case {args.case!r}; known: {', '.join(specs)}")
     spec, layer, store = specs[args.case], C.LAYERS[args.layer], STORES[args.layer]
