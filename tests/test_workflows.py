@@ -177,3 +177,20 @@ def test_ab_bench_export_sets_a_knob_and_refuses_an_unknown_one(tmp_path: Path) 
                          env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "FC_NO_SUCH_KNOB" in bad.stderr
     assert not (tmp_path / "nope").exists(), "a failed export must leave no half-written tree"
+
+
+@pytest.mark.skipif(not _git_ok(), reason="needs git and a checkout")
+def test_ab_bench_runs_every_tree_and_names_it(tmp_path: Path) -> None:
+    """``ab_bench.sh BENCH`` runs the benchmark on this tree and on each exported tree (CPU smoke
+    mode here), and each table's header names its tree: FC_COMMIT for this one, the exported
+    directory for the others (a lent machine's git metadata can be stale)."""
+    ab, out = tmp_path / "ab", tmp_path / "out"
+    env = dict(os.environ, FC_AB_DIR=str(ab), OUT=str(out), PYTHON=sys.executable, FC_COMMIT="abc1234")
+    ok = subprocess.run(["bash", str(AB_BENCH), "--export", "HEAD", "other"], env=env, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    run = subprocess.run(["bash", str(AB_BENCH), "bench_store.py", "--device", "cpu", "--cases", "decode-B2-rand"],
+                         env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "head: exit 0" in run.stdout and "other: exit 0" in run.stdout, run.stdout
+    assert "commit abc1234," in (out / "ab_head.md").read_text()
+    assert "commit A/B tree other (.whl/ab/other)," in (out / "ab_other.md").read_text()
