@@ -20,9 +20,11 @@
 // (fminf, fmaxf, fabsf, rintf under the default rounding mode). The hardware shortcuts are
 // pack_fp8x4 on sm_89+ (cvt.rn.satfinite.e4m3x2.f32), which is bit-identical to the software
 // path for the finite inputs it receives (clip448 has already removed NaN and infinities), and
-// bf16_bits on sm_80+ (cvt.rn.bf16.f32); define FC_QUANT_SOFTWARE_ONLY to compile them out. The reference for every function is
-// python/flashcompress/torch_backend/quant.py; tests/test_store_kernel_host.py checks them bit
-// for bit on the host over a dense grid of fp32 patterns.
+// bf16_bits on sm_80+ (cvt.rn.bf16.f32, the same semantics for every input); define
+// FC_QUANT_SOFTWARE_ONLY to compile them out. The reference for every function is
+// python/flashcompress/torch_backend/quant.py; tests/test_store_kernel_host.py checks the
+// software paths bit for bit on the host over a dense grid of fp32 patterns, and
+// tests/test_gpu_store.py the device encoders (hardware paths included) on a GPU.
 #pragma once
 
 #include <cmath>
@@ -107,11 +109,12 @@ FC_QUANT_FN uint16_t bf16_bits(float x) {
   uint16_t r;
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
   return r;
-#endif
+#else
   const uint32_t b = float_bits(x);
   if (is_nan_bits(b)) return kBf16CanonicalNan;
   // RNE on the 16 dropped bits; a carry ripples into the exponent (up to inf), as it should.
   return static_cast<uint16_t>((b + 0x7FFFu + ((b >> 16) & 1u)) >> 16);
+#endif
 }
 
 FC_QUANT_FN float bf16_to_float(uint16_t bits) { return bits_float(static_cast<uint32_t>(bits) << 16); }
