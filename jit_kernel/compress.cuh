@@ -612,14 +612,39 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   }
 }
 
+// One warp's slice of a stored row (store_pooled_row): lane l takes dims dim0 / 128 * 128 + 4 l
+// .. + 3 of the row in shared memory (a 64-dim slice: the lanes outside it hold zeros), its
+// operands (`operands(block)`) and its part of the sum of squares, which `exchange(storing, part)`
+// turns into the row's total (every thread of the block calls it: it holds the barrier), then
+// stores the slice. `storing`: this thread's warp stores a slice.
+template <class C, int kSlice, class Operands, class Exchange>
+__device__ __forceinline__ void store_row_slice(const RowTarget& t, const CompressArgs& a, const float* row,
+                                                bool storing, int lane, int dim0, Operands&& operands,
+                                                Exchange&& exchange) {
+  float y[4] = {0.f, 0.f, 0.f, 0.f};
+  store::detail::BlockOperands ops{};
+  double part = 0.0;
+  if (storing) {
+    const int j = dim0 / 128;
+    if (store::slice_lane<kSlice>(dim0, lane)) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) y[i] = row[128 * j + 4 * lane + i];
+    }
+    ops = operands(j);
+    part = store::slice_sum_squares(y);
+  }
+  const double ss = exchange(storing, part);
+  if (storing) store::store_slice<C::H, C::kFmt, kSlice>(y, ops, lane, dim0, ss, t.loc, a.store);
+}
+
 // Store the pooled row (its operands staged by stage_invariants / stage_row_rope and waited
 // for). One block per row (kCSplit 1), head 512 (kSlicedStore): warp j loads 128-dim block j in
 // the canonical warp layout from shared memory, the 4 warps add their fp64 sums of squares in
-// block order through shared memory, and each calls store::store_slice; head 128: warp 0 of the
-// team calls store::store_row_ops. A cluster (kCSplit blocks of kChans channels):
-// warp 0 of every block stores its own slice; the blocks only exchange their slices' fp64 sums of
-// squares through distributed shared memory, behind one cluster barrier. `parity` alternates per
-// stored row of a team (the slot the partial sums go to).
+// block order through shared memory, and each calls store::store_slice (store_row_slice); head
+// 128: warp 0 of the team calls store::store_row_ops. A cluster (kCSplit blocks of kChans
+// channels): warp 0 of every block stores its own slice (store_row_slice); the blocks only
+// exchange their slices' fp64 sums of squares through distributed shared memory, behind one
+// cluster barrier. `parity` alternates per stored row of a team (the slot the partial sums go to).
 // `entry_pending`: the cluster's entry barrier phase (cluster_entry_arrive) is not yet waited
 // on by this thread; the first stored row waits on it before writing to other blocks.
 template <class C>
@@ -633,30 +658,23 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
         cluster_started_wait();
         entry_pending = false;
       }
-      constexpr int kSlice = C::kChans;
-      const int dim0 = rank * kSlice, j = dim0 / 128, lane = u;
-      const bool warp0 = u < 32;
-      float y[4] = {0.f, 0.f, 0.f, 0.f};
-      store::detail::BlockOperands ops{};
-      if (warp0) {
-        if (store::slice_lane<kSlice>(dim0, lane)) {
+      // warp 0 of every block stores the block's slice; the partial sums meet in every block
+      const int lane = u;
+      store_row_slice<C, C::kChans>(
+          t, a, &sm.row[team][0], u < 32, lane, rank * C::kChans,
+          [&](int j) { return store::detail::block_operands<C::H>(a.store, j, lane, t.position); },
+          [&](bool storing, double part) {
+            if (storing && lane < C::kCSplit) {
+              *cooperative_groups::this_cluster().map_shared_rank(&sm.ss[parity][rank], lane) = part;
+            }
+            cooperative_groups::this_cluster().sync();  // every block's partial sum has landed
+            double ss = 0.0;
+            if (storing) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) y[i] = sm.row[team][128 * j + 4 * lane + i];
-        }
-        ops = store::detail::block_operands<C::H>(a.store, j, lane, t.position);
-        const double part = store::slice_sum_squares(y);
-        if (lane < C::kCSplit) {
-          auto cluster = cooperative_groups::this_cluster();
-          *cluster.map_shared_rank(&sm.ss[parity][rank], lane) = part;
-        }
-      }
-      cooperative_groups::this_cluster().sync();  // every block's partial sum has landed
-      if (warp0) {
-        double ss = 0.0;
-#pragma unroll
-        for (int r = 0; r < C::kCSplit; ++r) ss += sm.ss[parity][r];
-        store::store_slice<C::H, C::kFmt, kSlice>(y, ops, lane, dim0, ss, t.loc, a.store);
-      }
+              for (int r = 0; r < C::kCSplit; ++r) ss += sm.ss[parity][r];
+            }
+            return ss;
+          });
       team_sync<C>();  // the row buffer is reused by the team's next row
       return;
     }
@@ -665,24 +683,21 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
     (void)parity;
     (void)entry_pending;
     if constexpr (C::kSlicedStore) {
+      // warp j stores 128-dim block j; the warps' partial sums meet in shared memory
       const int j = u / 32, lane = u % 32;
-      const bool store_warp = j < C::kStoreWarps;
-      float y[4] = {0.f, 0.f, 0.f, 0.f};
-      store::detail::BlockOperands ops{};
-      if (store_warp) {
+      store_row_slice<C, 128>(
+          t, a, &sm.row[team][0], j < C::kStoreWarps, lane, 128 * j,
+          [&](int block) { return store::staged_operands<C::H>(a.store, block, block, lane, sm.ops[team]); },
+          [&](bool storing, double part) {
+            if (storing && lane == 0) sm.part[j] = part;
+            team_sync<C>();  // every warp's partial sum has landed
+            double ss = 0.0;
+            if (storing) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) y[i] = sm.row[team][128 * j + 4 * lane + i];
-        ops = store::staged_operands<C::H>(a.store, j, j, lane, sm.ops[team]);
-        const double part = store::slice_sum_squares(y);
-        if (lane == 0) sm.part[j] = part;
-      }
-      team_sync<C>();  // every warp's partial sum has landed
-      if (store_warp) {
-        double ss = 0.0;
-#pragma unroll
-        for (int r = 0; r < C::kStoreWarps; ++r) ss += sm.part[r];
-        store::store_slice<C::H, C::kFmt, 128>(y, ops, lane, 128 * j, ss, t.loc, a.store);
-      }
+              for (int r = 0; r < C::kStoreWarps; ++r) ss += sm.part[r];
+            }
+            return ss;
+          });
     } else if (u < 32) {
       float v[C::H / 32];
       store::detail::BlockOperands ops[C::H / 128];
