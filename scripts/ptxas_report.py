@@ -1,6 +1,6 @@
 """ptxas resource report (registers, spills, shared memory) of kernel variants, without a GPU.
 
-    python scripts/ptxas_report.py                          # the deepseek-v4-flash kernel variants
+    python scripts/ptxas_report.py                          # every fp32 store / compress variant
     python scripts/ptxas_report.py compress:ratio=4,head_dim=512,store=v4 store:head_dim=128,fmt=idx_fp8
     python scripts/ptxas_report.py -D FC_DECODE_WAVES=2     # extra -D flags (A/B knobs)
 
@@ -110,7 +110,7 @@ def report(spec: str, defines: list[str], nvcc: str, nvdisasm: str | None = None
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("specs", nargs="*", help="family:key=value,... (default: the deepseek-v4-flash kernels)")
+    ap.add_argument("specs", nargs="*", help="family:key=value,... (default: every fp32 store and compress variant)")
     ap.add_argument("-D", dest="defines", action="append", default=[], help="extra preprocessor definition")
     ap.add_argument("--sass", action="store_true", help="also count SASS instructions (needs nvdisasm)")
     args = ap.parse_args(argv)

@@ -3,8 +3,9 @@
 This module is the single Python definition of every byte format flashcompress
 reads or writes.  The C++ side mirrors the plan rows in ``jit_kernel/plan.cuh``;
 ``tests/test_layouts.py`` compiles that header and checks that the two agree
-(sizes, offsets, sentinels).  The cache formats get their C++ mirror with the
-store kernels (a later issue); today ``tests/test_store_*.py`` pin their bytes.
+(sizes, offsets, sentinels).  The cache formats are mirrored by
+``jit_kernel/store.cuh`` (``FormatTraits``) and checked against the page sizes
+in ``jit_kernel/store_binding.h``; ``tests/test_store_*.py`` pin their bytes.
 
 All integers are little-endian.  Plan tensors are ``uint8 [rows, ROW_BYTES]``.
 
