@@ -71,7 +71,8 @@
 // of the team calls store::store_row_ops. A cluster of kCSplit blocks (C128): warp 0 of every
 // block loads its slice's operands and stores its own 64 / 128-dim slice with
 // store::store_slice; the blocks exchange only their slices' fp64 sums of squares through
-// distributed shared memory, behind one cluster barrier per row.
+// distributed shared memory, behind one cluster barrier phase per row, which only the storing
+// warps wait on (the others arrive and go on to the team's next row).
 // HIP (no clusters, no PDL): a stored C128 row is one 512-thread block (Cfg::kHipWholeRow), a
 // "warp" is 32 aligned lanes (half a wave64; shuffles take a width), 32-thread teams sync with a
 // wavefront barrier; the rest is the CUDA code.
@@ -118,18 +119,27 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// A block may touch another block's shared memory only once that block has started: every
-// thread of a cluster kernel arrives here on entry (no wait), and waits on that phase before
-// its first distributed-shared-memory access (cluster_started_wait).
+// Cluster barrier phases, split into arrive and wait (every thread of the cluster alternates
+// them). A block may touch another block's shared memory only once that block has started:
+// every thread arrives on entry (relaxed, no wait) and waits on that phase before its first
+// distributed-shared-memory access. Each stored row is one more phase (store_pooled_row).
 __device__ __forceinline__ void cluster_entry_arrive() {
 #if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
 #endif
 }
 
-__device__ __forceinline__ void cluster_started_wait() {
+// Arrive, releasing this thread's earlier writes (to any block's shared memory) to the waiters.
+__device__ __forceinline__ void cluster_arrive() {
 #if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait;" ::: "memory");
+  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+#endif
+}
+
+// Wait until every thread of the cluster has arrived at this thread's last phase (acquire).
+__device__ __forceinline__ void cluster_wait() {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
 #endif
 }
 
@@ -645,19 +655,17 @@ __device__ __forceinline__ void store_row_slice(const RowTarget& t, const Compre
 // channels): warp 0 of every block stores its own slice (store_row_slice); the blocks only
 // exchange their slices' fp64 sums of squares through distributed shared memory, behind one
 // cluster barrier. `parity` alternates per stored row of a team (the slot the partial sums go to).
-// `entry_pending`: the cluster's entry barrier phase (cluster_entry_arrive) is not yet waited
-// on by this thread; the first stored row waits on it before writing to other blocks.
+// `arrived`: this thread has arrived at a cluster barrier phase it has not waited on (the entry
+// phase of cluster_entry_arrive, or a stored row's); it waits on it before arriving again.
 template <class C>
 __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const CompressArgs& a, Smem<C>& sm,
-                                                 int team, int u, int rank, int parity, bool& entry_pending) {
+                                                 int team, int u, int rank, int parity, bool& arrived) {
   if constexpr (C::kStoreRows) {
-    team_sync<C>();  // the row (slice) is complete in shared memory
+    // The row (slice) is complete in shared memory (decode with splits: pool_row's last barrier).
+    if constexpr (!(C::kDecode && C::kSplit > 1)) team_sync<C>();
 #if !FC_GPU_HIP
     if constexpr (C::kCluster) {
-      if (entry_pending) {  // every block of the cluster has started
-        cluster_started_wait();
-        entry_pending = false;
-      }
+      if (arrived) cluster_wait();  // the previous phase: the entry (every block has started) or the last row
       // warp 0 of every block stores the block's slice; the partial sums meet in every block
       const int lane = u;
       store_row_slice<C, C::kChans>(
@@ -667,21 +675,28 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
             if (storing && lane < C::kCSplit) {
               *cooperative_groups::this_cluster().map_shared_rank(&sm.ss[parity][rank], lane) = part;
             }
-            cooperative_groups::this_cluster().sync();  // every block's partial sum has landed
+            // Only the storing warps need every block's partial sum: they wait on this row's
+            // phase; the other warps arrive and go on (to the team's next row), waiting on the
+            // phase before their next arrive. The storing warp read its slice of the row buffer
+            // before arriving, so the next row may overwrite it; the slot ss[parity] is
+            // rewritten two rows later, after every block's storing warp has arrived at the next
+            // row's phase, i.e. finished reading it.
+            cluster_arrive();
+            arrived = !storing;
             double ss = 0.0;
             if (storing) {
+              cluster_wait();  // every block's partial sum has landed
 #pragma unroll
               for (int r = 0; r < C::kCSplit; ++r) ss += sm.ss[parity][r];
             }
             return ss;
           });
-      team_sync<C>();  // the row buffer is reused by the team's next row
       return;
     }
 #endif
     (void)rank;
     (void)parity;
-    (void)entry_pending;
+    (void)arrived;
     if constexpr (C::kSlicedStore) {
       // warp j stores 128-dim block j; the warps' partial sums meet in shared memory
       const int j = u / 32, lane = u % 32;
@@ -847,7 +862,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   async_commit();
   copy_rows_share<C>(a, first, last, u, rank);
   int parity = 0;                            // store slot of the cluster's partial sums
-  bool entry_pending = C::kCluster;
+  bool arrived = C::kCluster;  // at the entry phase
   for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
     stage_copy<C>(a, sm, team, u, rank, b);
     const DecodePlan p = plan[b];
@@ -896,7 +911,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
     async_wait<0>();
     write_copy<C>(a, sm, team, u, rank, p.write_loc);
     if (t.emit) {
-      store_pooled_row<C>(t, a, sm, team, u, rank, parity, entry_pending);
+      store_pooled_row<C>(t, a, sm, team, u, rank, parity, arrived);
       parity ^= 1;
     } else if constexpr (!C::kStoreRows) {
       zero_out_row<C>(a, b, u, rank);
@@ -960,8 +975,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   }
   pool_row<C>(w, t, a, sm, team, u, rank);
   async_wait<0>();
-  bool entry_pending = C::kCluster;
-  store_pooled_row<C>(t, a, sm, team, u, rank, 0, entry_pending);
+  bool arrived = C::kCluster;  // at the entry phase
+  store_pooled_row<C>(t, a, sm, team, u, rank, 0, arrived);
   if constexpr (!kWriteList) pdl_launch_dependents();
 }
 
