@@ -123,16 +123,18 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 // them). A block may touch another block's shared memory only once that block has started:
 // every thread arrives on entry (relaxed, no wait) and waits on that phase before its first
 // distributed-shared-memory access. Each stored row is one more phase (store_pooled_row).
-__device__ __forceinline__ void cluster_entry_arrive() {
+// Arrive. `release`: release this thread's earlier writes (to any block's shared memory) to the
+// waiters (a GPU-scope memory barrier, MEMBAR.ALL.GPU, before the arrive); else relaxed, for a
+// thread that wrote nothing another block reads. One predicated instruction each, so a branch on
+// `release` duplicates no code.
+__device__ __forceinline__ void cluster_arrive(bool release) {
 #if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
-#endif
-}
-
-// Arrive, releasing this thread's earlier writes (to any block's shared memory) to the waiters.
-__device__ __forceinline__ void cluster_arrive() {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %0, 0;\n\t"
+      "@p barrier.cluster.arrive.release;\n\t@!p barrier.cluster.arrive.relaxed;\n\t}" ::"r"(static_cast<uint32_t>(release))
+      : "memory");
+#else
+  (void)release;
 #endif
 }
 
@@ -656,7 +658,7 @@ __device__ __forceinline__ void store_row_slice(const RowTarget& t, const Compre
 // exchange their slices' fp64 sums of squares through distributed shared memory, behind one
 // cluster barrier. `parity` alternates per stored row of a team (the slot the partial sums go to).
 // `arrived`: this thread has arrived at a cluster barrier phase it has not waited on (the entry
-// phase of cluster_entry_arrive, or a stored row's); it waits on it before arriving again.
+// phase, or a stored row's); it waits on it before arriving again.
 template <class C>
 __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const CompressArgs& a, Smem<C>& sm,
                                                  int team, int u, int rank, int parity, bool& arrived) {
@@ -681,7 +683,7 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
             // before arriving, so the next row may overwrite it; the slot ss[parity] is
             // rewritten two rows later, after every block's storing warp has arrived at the next
             // row's phase, i.e. finished reading it.
-            cluster_arrive();
+            cluster_arrive(storing);
             arrived = !storing;
             double ss = 0.0;
             if (storing) {
@@ -854,7 +856,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   int rank, team, u;
   int64_t group;
   block_coords<C>(rank, group, team, u);
-  if constexpr (C::kCluster) cluster_entry_arrive();
+  if constexpr (C::kCluster) cluster_arrive(false);  // the entry phase
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
@@ -926,7 +928,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   int rank, team, u;
   int64_t group;
   block_coords<C>(rank, group, team, u);
-  if constexpr (C::kCluster) cluster_entry_arrive();
+  if constexpr (C::kCluster) cluster_arrive(false);  // the entry phase
   constexpr bool kWriteList = C::kPass == Pass::kOnlineWrite;
   const int64_t k = group * C::kTeams + team;
   const int64_t rows = kWriteList ? a.rows_w : a.rows;
