@@ -71,8 +71,8 @@
 // of the team calls store::store_row_ops. A cluster of kCSplit blocks (C128): warp 0 of every
 // block loads its slice's operands and stores its own 64 / 128-dim slice with
 // store::store_slice; the blocks exchange only their slices' fp64 sums of squares through
-// distributed shared memory, behind one cluster barrier phase per row, which only the storing
-// warps wait on (the others arrive and go on to the team's next row).
+// distributed shared memory, each block's storing warp arriving on every block's mbarrier
+// (double-buffered) and waiting on its own; the other warps go on to the team's next row.
 // HIP (no clusters, no PDL): a stored C128 row is one 512-thread block (Cfg::kHipWholeRow), a
 // "warp" is 32 aligned lanes (half a wave64; shuffles take a width), 32-thread teams sync with a
 // wavefront barrier; the rest is the CUDA code.
@@ -119,10 +119,10 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// Cluster barrier phases, split into arrive and wait (every thread of the cluster alternates
-// them). A block may touch another block's shared memory only once that block has started:
-// every thread arrives on entry (relaxed, no wait) and waits on that phase before its first
-// distributed-shared-memory access. Each stored row is one more phase (store_pooled_row).
+// Cluster barrier phases, split into arrive and wait (a thread alternates them). A block may
+// touch another block's shared memory only once that block has started: every thread arrives on
+// entry (relaxed, no wait), and a thread waits on that phase before its first
+// distributed-shared-memory access (cluster_entry, store_pooled_row).
 // Arrive. `release`: release this thread's earlier writes (to any block's shared memory) to the
 // waiters (a GPU-scope memory barrier, MEMBAR.ALL.GPU, before the arrive); else relaxed, for a
 // thread that wrote nothing another block reads. One predicated instruction each, so a branch on
@@ -142,6 +142,53 @@ __device__ __forceinline__ void cluster_arrive(bool release) {
 __device__ __forceinline__ void cluster_wait() {
 #if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+
+// The cluster store's exchange of partial sums through mbarriers (CUDA, sm_90): each block has
+// two (rows alternate), each expecting kCSplit arrivals per phase, one from every block's
+// storing lane after its remote store of the partial sum. Only the storing warp waits.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#endif
+}
+
+// Make the barriers' initialisation visible to the cluster (before the entry arrive).
+__device__ __forceinline__ void mbar_init_fence() {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// Store v into block `rank`'s copy of *dst, then arrive (release, cluster scope) on that block's
+// copy of *bar.
+__device__ __forceinline__ void remote_store_arrive(double* dst, uint64_t* bar, double v, uint32_t rank) {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t rdst, rbar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rdst) : "r"(smem_addr(dst)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(rdst), "d"(v) : "memory");
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(rbar) : "memory");
+#endif
+}
+
+// Wait (acquire, cluster scope) until phase `phase` (0 / 1) of the local barrier completes.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(phase)
+        : "memory");
+  } while (!done);
 #endif
 }
 
@@ -480,14 +527,27 @@ struct Smem {
   float n[C::kTeams][kParts][kPartChans];
   float row[C::kTeams][C::kStoreRows ? C::H : 1];  // store epilogue: the rounded row (this block's slice)
   // Cluster store: every block's fp64 sum of squares of its slice, written by each block into
-  // every block's copy (slot [row parity][rank]; two slots, so one cluster barrier per row).
+  // every block's copy (slot [row parity][rank]; two slots, each with its barrier sum_bar).
   double ss[C::kCluster ? 2 : 1][C::kCluster ? C::kCSplit : 1];
+  uint64_t sum_bar[C::kCluster ? 2 : 1];  // cluster store: the arrivals of every block's partial sum (slot parity)
   // Staged by async copies (Cfg): the copy share, C4 decode's bias rows, the store operands.
   Vec<typename C::TIn, 4> copy[C::kTeams][C::kStageCopy ? C::kCopyVecs : 1];
   Vec<typename C::TIn, 4> ape[C::kTeams][C::kStageApe ? C::W * C::H / 4 : 1];
   store::StagedOperands<C::kStageOps ? C::H / 128 : 1> ops[C::kStageOps ? C::kTeams : 1];
   double part[C::kStoreWarps];  // sliced store: each warp's sum of squares
 };
+
+// Entry of a cluster kernel: thread 0 sets up the block's partial-sum barriers, then every
+// thread arrives at the entry phase (the storing warp waits on it before its first remote access).
+template <class C>
+__device__ __forceinline__ void cluster_entry(Smem<C>& sm) {
+  if (threadIdx.x == 0) {
+    mbar_init(&sm.sum_bar[0], C::kCSplit);
+    mbar_init(&sm.sum_bar[1], C::kCSplit);
+    mbar_init_fence();
+  }
+  cluster_arrive(false);
+}
 
 template <class C>
 __device__ __forceinline__ void team_sync() {
@@ -656,40 +716,40 @@ __device__ __forceinline__ void store_row_slice(const RowTarget& t, const Compre
 // 128: warp 0 of the team calls store::store_row_ops. A cluster (kCSplit blocks of kChans
 // channels): warp 0 of every block stores its own slice (store_row_slice); the blocks only
 // exchange their slices' fp64 sums of squares through distributed shared memory, behind one
-// cluster barrier. `parity` alternates per stored row of a team (the slot the partial sums go to).
-// `arrived`: this thread has arrived at a cluster barrier phase it has not waited on (the entry
-// phase, or a stored row's); it waits on it before arriving again.
+// pair of mbarriers per block. `row_count`: the team's rows stored before this one.
+// `arrived`: this thread has not yet waited on the cluster's entry phase.
 template <class C>
 __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const CompressArgs& a, Smem<C>& sm,
-                                                 int team, int u, int rank, int parity, bool& arrived) {
+                                                 int team, int u, int rank, int row_count, bool& arrived) {
   if constexpr (C::kStoreRows) {
     // The row (slice) is complete in shared memory (decode with splits: pool_row's last barrier).
     if constexpr (!(C::kDecode && C::kSplit > 1)) team_sync<C>();
 #if !FC_GPU_HIP
     if constexpr (C::kCluster) {
-      if (arrived) cluster_wait();  // the previous phase: the entry (every block has started) or the last row
+      if (arrived && u < 32) {  // the storing warp, before its first remote access
+        cluster_wait();         // the entry phase: every block has started, its barriers are set
+        arrived = false;
+      }
       // warp 0 of every block stores the block's slice; the partial sums meet in every block
       const int lane = u;
       store_row_slice<C, C::kChans>(
           t, a, &sm.row[team][0], u < 32, lane, rank * C::kChans,
           [&](int j) { return store::detail::block_operands<C::H>(a.store, j, lane, t.position); },
           [&](bool storing, double part) {
-            if (storing && lane < C::kCSplit) {
-              *cooperative_groups::this_cluster().map_shared_rank(&sm.ss[parity][rank], lane) = part;
-            }
-            // Only the storing warps need every block's partial sum: they wait on this row's
-            // phase; the other warps arrive and go on (to the team's next row), waiting on the
-            // phase before their next arrive. The storing warp read its slice of the row buffer
-            // before arriving, so the next row may overwrite it; the slot ss[parity] is
-            // rewritten two rows later, after every block's storing warp has arrived at the next
-            // row's phase, i.e. finished reading it.
-            cluster_arrive(storing);
-            arrived = !storing;
+            // Only the storing warps take part: lane r stores the block's partial sum into
+            // block r's slot ss[slot][rank] and arrives on block r's barrier sum_bar[slot]; the
+            // warp waits until all kCSplit blocks have arrived on its own. The other warps go on
+            // to the team's next row (the storing warp read its slice of the row buffer before).
+            // A slot is reused two rows later: a block's storing warp arrives there only after
+            // its wait on the next row, which needs every block to have arrived for the next
+            // row, i.e. to have finished reading this row's slot.
             double ss = 0.0;
             if (storing) {
-              cluster_wait();  // every block's partial sum has landed
+              const int slot = row_count & 1;
+              if (lane < C::kCSplit) remote_store_arrive(&sm.ss[slot][rank], &sm.sum_bar[slot], part, lane);
+              mbar_wait(&sm.sum_bar[slot], (row_count >> 1) & 1);
 #pragma unroll
-              for (int r = 0; r < C::kCSplit; ++r) ss += sm.ss[parity][r];
+              for (int r = 0; r < C::kCSplit; ++r) ss += sm.ss[slot][r];
             }
             return ss;
           });
@@ -697,7 +757,7 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
     }
 #endif
     (void)rank;
-    (void)parity;
+    (void)row_count;
     (void)arrived;
     if constexpr (C::kSlicedStore) {
       // warp j stores 128-dim block j; the warps' partial sums meet in shared memory
@@ -856,14 +916,14 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   int rank, team, u;
   int64_t group;
   block_coords<C>(rank, group, team, u);
-  if constexpr (C::kCluster) cluster_arrive(false);  // the entry phase
+  if constexpr (C::kCluster) cluster_entry<C>(sm);
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
   stage_invariants<C>(a, sm, team, u);
   async_commit();
   copy_rows_share<C>(a, first, last, u, rank);
-  int parity = 0;                            // store slot of the cluster's partial sums
+  int row_count = 0;                         // rows the team has stored
   bool arrived = C::kCluster;  // at the entry phase
   for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
     stage_copy<C>(a, sm, team, u, rank, b);
@@ -913,8 +973,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
     async_wait<0>();
     write_copy<C>(a, sm, team, u, rank, p.write_loc);
     if (t.emit) {
-      store_pooled_row<C>(t, a, sm, team, u, rank, parity, arrived);
-      parity ^= 1;
+      store_pooled_row<C>(t, a, sm, team, u, rank, row_count, arrived);
+      ++row_count;
     } else if constexpr (!C::kStoreRows) {
       zero_out_row<C>(a, b, u, rank);
     }
@@ -928,7 +988,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   int rank, team, u;
   int64_t group;
   block_coords<C>(rank, group, team, u);
-  if constexpr (C::kCluster) cluster_arrive(false);  // the entry phase
+  if constexpr (C::kCluster) cluster_entry<C>(sm);
   constexpr bool kWriteList = C::kPass == Pass::kOnlineWrite;
   const int64_t k = group * C::kTeams + team;
   const int64_t rows = kWriteList ? a.rows_w : a.rows;
