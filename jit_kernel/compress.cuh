@@ -146,8 +146,8 @@ __device__ __forceinline__ void cluster_wait() {
 }
 
 // The cluster store's exchange of partial sums through mbarriers (CUDA, sm_90): each block has
-// two (rows alternate), each expecting kCSplit arrivals per phase, one from every block's
-// storing lane after its remote store of the partial sum. Only the storing warp waits.
+// two (rows alternate); a phase completes with one local arrival (expecting kCSplit x 8 bytes)
+// and the asynchronous remote stores of every block's partial sum. Only the storing warp waits.
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -165,25 +165,34 @@ __device__ __forceinline__ void mbar_init_fence() {
 #endif
 }
 
-// Store v into block `rank`'s copy of *dst, then arrive (release, cluster scope) on that block's
-// copy of *bar.
-__device__ __forceinline__ void remote_store_arrive(double* dst, uint64_t* bar, double v, uint32_t rank) {
+// Store v into block `rank`'s copy of *dst by an asynchronous remote store that completes 8
+// bytes of the transaction count of that block's copy of *bar (no fence: the barrier's phase
+// completion makes the bytes visible to its waiters).
+__device__ __forceinline__ void remote_store_async(double* dst, uint64_t* bar, double v, uint32_t rank) {
 #if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t rdst, rbar;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rdst) : "r"(smem_addr(dst)), "r"(rank));
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("st.shared::cluster.f64 [%0], %1;" ::"r"(rdst), "d"(v) : "memory");
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(rbar) : "memory");
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(rdst),
+               "l"(__double_as_longlong(v)), "r"(rbar)
+               : "memory");
 #endif
 }
 
-// Wait (acquire, cluster scope) until phase `phase` (0 / 1) of the local barrier completes.
+// The local arrival of a phase, expecting `bytes` of asynchronous stores.
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+#endif
+}
+
+// Wait until phase `phase` (0 / 1) of the local barrier completes.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
 #if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t done = 0;
   do {
     asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n\t"
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
         "selp.u32 %0, 1, 0, p;\n\t}"
         : "=r"(done)
         : "r"(smem_addr(bar)), "r"(phase)
@@ -542,8 +551,8 @@ struct Smem {
 template <class C>
 __device__ __forceinline__ void cluster_entry(Smem<C>& sm) {
   if (threadIdx.x == 0) {
-    mbar_init(&sm.sum_bar[0], C::kCSplit);
-    mbar_init(&sm.sum_bar[1], C::kCSplit);
+    mbar_init(&sm.sum_bar[0], 1);
+    mbar_init(&sm.sum_bar[1], 1);
     mbar_init_fence();
   }
   cluster_arrive(false);
@@ -737,8 +746,9 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
           [&](int j) { return store::detail::block_operands<C::H>(a.store, j, lane, t.position); },
           [&](bool storing, double part) {
             // Only the storing warps take part: lane r stores the block's partial sum into
-            // block r's slot ss[slot][rank] and arrives on block r's barrier sum_bar[slot]; the
-            // warp waits until all kCSplit blocks have arrived on its own. The other warps go on
+            // block r's slot ss[slot][rank], completing 8 bytes of block r's barrier
+            // sum_bar[slot]; lane 0 arrives on its own, expecting every block's 8 bytes, and the
+            // warp waits on it. The other warps go on
             // to the team's next row (the storing warp read its slice of the row buffer before).
             // A slot is reused two rows later: a block's storing warp arrives there only after
             // its wait on the next row, which needs every block to have arrived for the next
@@ -746,7 +756,8 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
             double ss = 0.0;
             if (storing) {
               const int slot = row_count & 1;
-              if (lane < C::kCSplit) remote_store_arrive(&sm.ss[slot][rank], &sm.sum_bar[slot], part, lane);
+              if (lane == 0) mbar_arrive_expect(&sm.sum_bar[slot], C::kCSplit * sizeof(double));
+              if (lane < C::kCSplit) remote_store_async(&sm.ss[slot][rank], &sm.sum_bar[slot], part, lane);
               mbar_wait(&sm.sum_bar[slot], (row_count >> 1) & 1);
 #pragma unroll
               for (int r = 0; r < C::kCSplit; ++r) ss += sm.ss[slot][r];
