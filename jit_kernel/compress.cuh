@@ -71,7 +71,8 @@
 // of the team calls store::store_row_ops. A cluster of kCSplit blocks (C128): warp 0 of every
 // block loads its slice's operands and stores its own 64 / 128-dim slice with
 // store::store_slice; the blocks exchange only their slices' fp64 sums of squares through
-// distributed shared memory, behind one cluster barrier per row.
+// distributed shared memory, each block's storing warp arriving on every block's mbarrier
+// (double-buffered) and waiting on its own; the other warps go on to the team's next row.
 // HIP (no clusters, no PDL): a stored C128 row is one 512-thread block (Cfg::kHipWholeRow), a
 // "warp" is 32 aligned lanes (half a wave64; shuffles take a width), 32-thread teams sync with a
 // wavefront barrier; the rest is the CUDA code.
@@ -118,18 +119,85 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// A block may touch another block's shared memory only once that block has started: every
-// thread of a cluster kernel arrives here on entry (no wait), and waits on that phase before
-// its first distributed-shared-memory access (cluster_started_wait).
-__device__ __forceinline__ void cluster_entry_arrive() {
+// Cluster barrier phases, split into arrive and wait (a thread alternates them). A block may
+// touch another block's shared memory only once that block has started: every thread arrives on
+// entry (relaxed, no wait), and a thread waits on that phase before its first
+// distributed-shared-memory access (cluster_entry, store_pooled_row).
+// Arrive. `release`: release this thread's earlier writes (to any block's shared memory) to the
+// waiters (a GPU-scope memory barrier, MEMBAR.ALL.GPU, before the arrive); else relaxed, for a
+// thread that wrote nothing another block reads. One predicated instruction each, so a branch on
+// `release` duplicates no code.
+__device__ __forceinline__ void cluster_arrive(bool release) {
 #if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+  asm volatile(
+      "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %0, 0;\n\t"
+      "@p barrier.cluster.arrive.release;\n\t@!p barrier.cluster.arrive.relaxed;\n\t}" ::"r"(static_cast<uint32_t>(release))
+      : "memory");
+#else
+  (void)release;
 #endif
 }
 
-__device__ __forceinline__ void cluster_started_wait() {
+// Wait until every thread of the cluster has arrived at this thread's last phase (acquire).
+__device__ __forceinline__ void cluster_wait() {
 #if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait;" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+#endif
+}
+
+// The cluster store's exchange of partial sums through mbarriers (CUDA, sm_90): each block has
+// two (rows alternate); a phase completes with one local arrival (expecting kCSplit x 8 bytes)
+// and the asynchronous remote stores of every block's partial sum. Only the storing warp waits.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
+#endif
+}
+
+// Make the barriers' initialisation visible to the cluster (before the entry arrive).
+__device__ __forceinline__ void mbar_init_fence() {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// Store v into block `rank`'s copy of *dst by an asynchronous remote store that completes 8
+// bytes of the transaction count of that block's copy of *bar (no fence: the barrier's phase
+// completion makes the bytes visible to its waiters).
+__device__ __forceinline__ void remote_store_async(double* dst, uint64_t* bar, double v, uint32_t rank) {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t rdst, rbar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rdst) : "r"(smem_addr(dst)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(rdst),
+               "l"(__double_as_longlong(v)), "r"(rbar)
+               : "memory");
+#endif
+}
+
+// The local arrival of a phase, expecting `bytes` of asynchronous stores.
+__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+#endif
+}
+
+// Wait until phase `phase` (0 / 1) of the local barrier completes.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(phase)
+        : "memory");
+  } while (!done);
 #endif
 }
 
@@ -468,14 +536,27 @@ struct Smem {
   float n[C::kTeams][kParts][kPartChans];
   float row[C::kTeams][C::kStoreRows ? C::H : 1];  // store epilogue: the rounded row (this block's slice)
   // Cluster store: every block's fp64 sum of squares of its slice, written by each block into
-  // every block's copy (slot [row parity][rank]; two slots, so one cluster barrier per row).
+  // every block's copy (slot [row parity][rank]; two slots, each with its barrier sum_bar).
   double ss[C::kCluster ? 2 : 1][C::kCluster ? C::kCSplit : 1];
+  uint64_t sum_bar[C::kCluster ? 2 : 1];  // cluster store: the arrivals of every block's partial sum (slot parity)
   // Staged by async copies (Cfg): the copy share, C4 decode's bias rows, the store operands.
   Vec<typename C::TIn, 4> copy[C::kTeams][C::kStageCopy ? C::kCopyVecs : 1];
   Vec<typename C::TIn, 4> ape[C::kTeams][C::kStageApe ? C::W * C::H / 4 : 1];
   store::StagedOperands<C::kStageOps ? C::H / 128 : 1> ops[C::kStageOps ? C::kTeams : 1];
   double part[C::kStoreWarps];  // sliced store: each warp's sum of squares
 };
+
+// Entry of a cluster kernel: thread 0 sets up the block's partial-sum barriers, then every
+// thread arrives at the entry phase (the storing warp waits on it before its first remote access).
+template <class C>
+__device__ __forceinline__ void cluster_entry(Smem<C>& sm) {
+  if (threadIdx.x == 0) {
+    mbar_init(&sm.sum_bar[0], 1);
+    mbar_init(&sm.sum_bar[1], 1);
+    mbar_init_fence();
+  }
+  cluster_arrive(false);
+}
 
 template <class C>
 __device__ __forceinline__ void team_sync() {
@@ -612,77 +693,99 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   }
 }
 
+// One warp's slice of a stored row (store_pooled_row): lane l takes dims dim0 / 128 * 128 + 4 l
+// .. + 3 of the row in shared memory (a 64-dim slice: the lanes outside it hold zeros), its
+// operands (`operands(block)`) and its part of the sum of squares, which `exchange(storing, part)`
+// turns into the row's total (every thread of the block calls it: it holds the barrier), then
+// stores the slice. `storing`: this thread's warp stores a slice.
+template <class C, int kSlice, class Operands, class Exchange>
+__device__ __forceinline__ void store_row_slice(const RowTarget& t, const CompressArgs& a, const float* row,
+                                                bool storing, int lane, int dim0, Operands&& operands,
+                                                Exchange&& exchange) {
+  float y[4] = {0.f, 0.f, 0.f, 0.f};
+  store::detail::BlockOperands ops{};
+  double part = 0.0;
+  if (storing) {
+    const int j = dim0 / 128;
+    if (store::slice_lane<kSlice>(dim0, lane)) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) y[i] = row[128 * j + 4 * lane + i];
+    }
+    ops = operands(j);
+    part = store::slice_sum_squares(y);
+  }
+  const double ss = exchange(storing, part);
+  if (storing) store::store_slice<C::H, C::kFmt, kSlice>(y, ops, lane, dim0, ss, t.loc, a.store);
+}
+
 // Store the pooled row (its operands staged by stage_invariants / stage_row_rope and waited
 // for). One block per row (kCSplit 1), head 512 (kSlicedStore): warp j loads 128-dim block j in
 // the canonical warp layout from shared memory, the 4 warps add their fp64 sums of squares in
-// block order through shared memory, and each calls store::store_slice; head 128: warp 0 of the
-// team calls store::store_row_ops. A cluster (kCSplit blocks of kChans channels):
-// warp 0 of every block stores its own slice; the blocks only exchange their slices' fp64 sums of
-// squares through distributed shared memory, behind one cluster barrier. `parity` alternates per
-// stored row of a team (the slot the partial sums go to).
-// `entry_pending`: the cluster's entry barrier phase (cluster_entry_arrive) is not yet waited
-// on by this thread; the first stored row waits on it before writing to other blocks.
+// block order through shared memory, and each calls store::store_slice (store_row_slice); head
+// 128: warp 0 of the team calls store::store_row_ops. A cluster (kCSplit blocks of kChans
+// channels): warp 0 of every block stores its own slice (store_row_slice); the blocks only
+// exchange their slices' fp64 sums of squares through distributed shared memory, behind one
+// pair of mbarriers per block. `row_count`: the team's rows stored before this one.
+// `arrived`: this thread has not yet waited on the cluster's entry phase.
 template <class C>
 __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const CompressArgs& a, Smem<C>& sm,
-                                                 int team, int u, int rank, int parity, bool& entry_pending) {
+                                                 int team, int u, int rank, int row_count, bool& arrived) {
   if constexpr (C::kStoreRows) {
-    team_sync<C>();  // the row (slice) is complete in shared memory
+    // The row (slice) is complete in shared memory (decode with splits: pool_row's last barrier).
+    if constexpr (!(C::kDecode && C::kSplit > 1)) team_sync<C>();
 #if !FC_GPU_HIP
     if constexpr (C::kCluster) {
-      if (entry_pending) {  // every block of the cluster has started
-        cluster_started_wait();
-        entry_pending = false;
+      if (arrived && u < 32) {  // the storing warp, before its first remote access
+        cluster_wait();         // the entry phase: every block has started, its barriers are set
+        arrived = false;
       }
-      constexpr int kSlice = C::kChans;
-      const int dim0 = rank * kSlice, j = dim0 / 128, lane = u;
-      const bool warp0 = u < 32;
-      float y[4] = {0.f, 0.f, 0.f, 0.f};
-      store::detail::BlockOperands ops{};
-      if (warp0) {
-        if (store::slice_lane<kSlice>(dim0, lane)) {
+      // warp 0 of every block stores the block's slice; the partial sums meet in every block
+      const int lane = u;
+      store_row_slice<C, C::kChans>(
+          t, a, &sm.row[team][0], u < 32, lane, rank * C::kChans,
+          [&](int j) { return store::detail::block_operands<C::H>(a.store, j, lane, t.position); },
+          [&](bool storing, double part) {
+            // Only the storing warps take part: lane r stores the block's partial sum into
+            // block r's slot ss[slot][rank], completing 8 bytes of block r's barrier
+            // sum_bar[slot]; lane 0 arrives on its own, expecting every block's 8 bytes, and the
+            // warp waits on it. The other warps go on
+            // to the team's next row (the storing warp read its slice of the row buffer before).
+            // A slot is reused two rows later: a block's storing warp arrives there only after
+            // its wait on the next row, which needs every block to have arrived for the next
+            // row, i.e. to have finished reading this row's slot.
+            double ss = 0.0;
+            if (storing) {
+              const int slot = row_count & 1;
+              if (lane == 0) mbar_arrive_expect(&sm.sum_bar[slot], C::kCSplit * sizeof(double));
+              if (lane < C::kCSplit) remote_store_async(&sm.ss[slot][rank], &sm.sum_bar[slot], part, lane);
+              mbar_wait(&sm.sum_bar[slot], (row_count >> 1) & 1);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) y[i] = sm.row[team][128 * j + 4 * lane + i];
-        }
-        ops = store::detail::block_operands<C::H>(a.store, j, lane, t.position);
-        const double part = store::slice_sum_squares(y);
-        if (lane < C::kCSplit) {
-          auto cluster = cooperative_groups::this_cluster();
-          *cluster.map_shared_rank(&sm.ss[parity][rank], lane) = part;
-        }
-      }
-      cooperative_groups::this_cluster().sync();  // every block's partial sum has landed
-      if (warp0) {
-        double ss = 0.0;
-#pragma unroll
-        for (int r = 0; r < C::kCSplit; ++r) ss += sm.ss[parity][r];
-        store::store_slice<C::H, C::kFmt, kSlice>(y, ops, lane, dim0, ss, t.loc, a.store);
-      }
-      team_sync<C>();  // the row buffer is reused by the team's next row
+              for (int r = 0; r < C::kCSplit; ++r) ss += sm.ss[slot][r];
+            }
+            return ss;
+          });
       return;
     }
 #endif
     (void)rank;
-    (void)parity;
-    (void)entry_pending;
+    (void)row_count;
+    (void)arrived;
     if constexpr (C::kSlicedStore) {
+      // warp j stores 128-dim block j; the warps' partial sums meet in shared memory
       const int j = u / 32, lane = u % 32;
-      const bool store_warp = j < C::kStoreWarps;
-      float y[4] = {0.f, 0.f, 0.f, 0.f};
-      store::detail::BlockOperands ops{};
-      if (store_warp) {
+      store_row_slice<C, 128>(
+          t, a, &sm.row[team][0], j < C::kStoreWarps, lane, 128 * j,
+          [&](int block) { return store::staged_operands<C::H>(a.store, block, block, lane, sm.ops[team]); },
+          [&](bool storing, double part) {
+            if (storing && lane == 0) sm.part[j] = part;
+            team_sync<C>();  // every warp's partial sum has landed
+            double ss = 0.0;
+            if (storing) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) y[i] = sm.row[team][128 * j + 4 * lane + i];
-        ops = store::staged_operands<C::H>(a.store, j, j, lane, sm.ops[team]);
-        const double part = store::slice_sum_squares(y);
-        if (lane == 0) sm.part[j] = part;
-      }
-      team_sync<C>();  // every warp's partial sum has landed
-      if (store_warp) {
-        double ss = 0.0;
-#pragma unroll
-        for (int r = 0; r < C::kStoreWarps; ++r) ss += sm.part[r];
-        store::store_slice<C::H, C::kFmt, 128>(y, ops, lane, 128 * j, ss, t.loc, a.store);
-      }
+              for (int r = 0; r < C::kStoreWarps; ++r) ss += sm.part[r];
+            }
+            return ss;
+          });
     } else if (u < 32) {
       float v[C::H / 32];
       store::detail::BlockOperands ops[C::H / 128];
@@ -824,15 +927,15 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   int rank, team, u;
   int64_t group;
   block_coords<C>(rank, group, team, u);
-  if constexpr (C::kCluster) cluster_entry_arrive();
+  if constexpr (C::kCluster) cluster_entry<C>(sm);
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
   stage_invariants<C>(a, sm, team, u);
   async_commit();
   copy_rows_share<C>(a, first, last, u, rank);
-  int parity = 0;                            // store slot of the cluster's partial sums
-  bool entry_pending = C::kCluster;
+  int row_count = 0;                         // rows the team has stored
+  bool arrived = C::kCluster;  // at the entry phase
   for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
     stage_copy<C>(a, sm, team, u, rank, b);
     const DecodePlan p = plan[b];
@@ -881,8 +984,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
     async_wait<0>();
     write_copy<C>(a, sm, team, u, rank, p.write_loc);
     if (t.emit) {
-      store_pooled_row<C>(t, a, sm, team, u, rank, parity, entry_pending);
-      parity ^= 1;
+      store_pooled_row<C>(t, a, sm, team, u, rank, row_count, arrived);
+      ++row_count;
     } else if constexpr (!C::kStoreRows) {
       zero_out_row<C>(a, b, u, rank);
     }
@@ -896,7 +999,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   int rank, team, u;
   int64_t group;
   block_coords<C>(rank, group, team, u);
-  if constexpr (C::kCluster) cluster_entry_arrive();
+  if constexpr (C::kCluster) cluster_entry<C>(sm);
   constexpr bool kWriteList = C::kPass == Pass::kOnlineWrite;
   const int64_t k = group * C::kTeams + team;
   const int64_t rows = kWriteList ? a.rows_w : a.rows;
@@ -945,8 +1048,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   }
   pool_row<C>(w, t, a, sm, team, u, rank);
   async_wait<0>();
-  bool entry_pending = C::kCluster;
-  store_pooled_row<C>(t, a, sm, team, u, rank, 0, entry_pending);
+  bool arrived = C::kCluster;  // at the entry phase
+  store_pooled_row<C>(t, a, sm, team, u, rank, 0, arrived);
   if constexpr (!kWriteList) pdl_launch_dependents();
 }
 
