@@ -148,19 +148,20 @@ __device__ __forceinline__ void cluster_wait() {
 // The cluster store's exchange of partial sums through mbarriers (CUDA, sm_90): each block has
 // two (rows alternate); a phase completes with one local arrival (expecting kCSplit x 8 bytes)
 // and the asynchronous remote stores of every block's partial sum. Only the storing warp waits.
+#if !FC_GPU_HIP
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
 #endif
 }
 
 // Make the barriers' initialisation visible to the cluster (before the entry arrive).
 __device__ __forceinline__ void mbar_init_fence() {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
@@ -169,7 +170,7 @@ __device__ __forceinline__ void mbar_init_fence() {
 // bytes of the transaction count of that block's copy of *bar (no fence: the barrier's phase
 // completion makes the bytes visible to its waiters).
 __device__ __forceinline__ void remote_store_async(double* dst, uint64_t* bar, double v, uint32_t rank) {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t rdst, rbar;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rdst) : "r"(smem_addr(dst)), "r"(rank));
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"(smem_addr(bar)), "r"(rank));
@@ -181,14 +182,14 @@ __device__ __forceinline__ void remote_store_async(double* dst, uint64_t* bar, d
 
 // The local arrival of a phase, expecting `bytes` of asynchronous stores.
 __device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 #endif
 }
 
 // Wait until phase `phase` (0 / 1) of the local barrier completes.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t done = 0;
   do {
     asm volatile(
@@ -200,6 +201,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
   } while (!done);
 #endif
 }
+#endif  // !FC_GPU_HIP
 
 // ------------------------------------------------------------------------------------------
 // Configuration of one variant and one pass
@@ -550,12 +552,16 @@ struct Smem {
 // thread arrives at the entry phase (the storing warp waits on it before its first remote access).
 template <class C>
 __device__ __forceinline__ void cluster_entry(Smem<C>& sm) {
+#if !FC_GPU_HIP
   if (threadIdx.x == 0) {
     mbar_init(&sm.sum_bar[0], 1);
     mbar_init(&sm.sum_bar[1], 1);
     mbar_init_fence();
   }
   cluster_arrive(false);
+#else
+  (void)sm;
+#endif
 }
 
 template <class C>
