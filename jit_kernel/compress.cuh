@@ -119,22 +119,13 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// Cluster barrier phases, split into arrive and wait (a thread alternates them). A block may
-// touch another block's shared memory only once that block has started: every thread arrives on
-// entry (relaxed, no wait), and a thread waits on that phase before its first
-// distributed-shared-memory access (cluster_entry, store_pooled_row).
-// Arrive. `release`: release this thread's earlier writes (to any block's shared memory) to the
-// waiters (a GPU-scope memory barrier, MEMBAR.ALL.GPU, before the arrive); else relaxed, for a
-// thread that wrote nothing another block reads. One predicated instruction each, so a branch on
-// `release` duplicates no code.
-__device__ __forceinline__ void cluster_arrive(bool release) {
+// The cluster's entry phase: a block may touch another block's shared memory only once that
+// block has started (and set up its barriers). Every thread arrives on entry (relaxed: it
+// publishes nothing; cluster_entry), and a thread waits on that phase before its first
+// distributed-shared-memory access (store_pooled_row).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
 #if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %0, 0;\n\t"
-      "@p barrier.cluster.arrive.release;\n\t@!p barrier.cluster.arrive.relaxed;\n\t}" ::"r"(static_cast<uint32_t>(release))
-      : "memory");
-#else
-  (void)release;
+  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
 #endif
 }
 
@@ -558,7 +549,7 @@ __device__ __forceinline__ void cluster_entry(Smem<C>& sm) {
     mbar_init(&sm.sum_bar[1], 1);
     mbar_init_fence();
   }
-  cluster_arrive(false);
+  cluster_arrive_relaxed();
 #else
   (void)sm;
 #endif
@@ -702,8 +693,9 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
 // One warp's slice of a stored row (store_pooled_row): lane l takes dims dim0 / 128 * 128 + 4 l
 // .. + 3 of the row in shared memory (a 64-dim slice: the lanes outside it hold zeros), its
 // operands (`operands(block)`) and its part of the sum of squares, which `exchange(storing, part)`
-// turns into the row's total (every thread of the block calls it: it holds the barrier), then
-// stores the slice. `storing`: this thread's warp stores a slice.
+// turns into the row's total (every thread of the block calls it; the one-block store's exchange
+// is a block barrier, the cluster's involves the storing warps only), then stores the slice.
+// `storing`: this thread's warp stores a slice.
 template <class C, int kSlice, class Operands, class Exchange>
 __device__ __forceinline__ void store_row_slice(const RowTarget& t, const CompressArgs& a, const float* row,
                                                 bool storing, int lane, int dim0, Operands&& operands,
@@ -754,11 +746,11 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
             // Only the storing warps take part: lane r stores the block's partial sum into
             // block r's slot ss[slot][rank], completing 8 bytes of block r's barrier
             // sum_bar[slot]; lane 0 arrives on its own, expecting every block's 8 bytes, and the
-            // warp waits on it. The other warps go on
-            // to the team's next row (the storing warp read its slice of the row buffer before).
-            // A slot is reused two rows later: a block's storing warp arrives there only after
-            // its wait on the next row, which needs every block to have arrived for the next
-            // row, i.e. to have finished reading this row's slot.
+            // warp waits on it. The other warps go on to the team's next row (the storing warp
+            // read its slice of the row buffer before). A slot is reused two rows later: a
+            // block's storing warp sends there only after its wait on the next row, which needs
+            // every block to have sent for the next row, i.e. to have finished reading this
+            // row's slot.
             double ss = 0.0;
             if (storing) {
               const int slot = row_count & 1;
