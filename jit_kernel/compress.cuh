@@ -71,8 +71,9 @@
 // of the team calls store::store_row_ops. A cluster of kCSplit blocks (C128): warp 0 of every
 // block loads its slice's operands and stores its own 64 / 128-dim slice with
 // store::store_slice; the blocks exchange only their slices' fp64 sums of squares through
-// distributed shared memory, each block's storing warp arriving on every block's mbarrier
-// (double-buffered) and waiting on its own; the other warps go on to the team's next row.
+// distributed shared memory: each block's storing warp sends its sum to every block by st.async,
+// which completes bytes of that block's mbarrier (double-buffered), and waits on its own; the
+// other warps go on to the team's next row.
 // HIP (no clusters, no PDL): a stored C128 row is one 512-thread block (Cfg::kHipWholeRow), a
 // "warp" is 32 aligned lanes (half a wave64; shuffles take a width), 32-thread teams sync with a
 // wavefront barrier; the rest is the CUDA code.
@@ -87,10 +88,6 @@
 #include "plan.cuh"
 #include "store.cuh"
 #include "vec.cuh"
-
-#if !FC_GPU_HIP
-#include <cooperative_groups.h>
-#endif
 
 namespace flashcompress {
 
@@ -724,18 +721,18 @@ __device__ __forceinline__ void store_row_slice(const RowTarget& t, const Compre
 // channels): warp 0 of every block stores its own slice (store_row_slice); the blocks only
 // exchange their slices' fp64 sums of squares through distributed shared memory, behind one
 // pair of mbarriers per block. `row_count`: the team's rows stored before this one.
-// `arrived`: this thread has not yet waited on the cluster's entry phase.
+// `entry_pending`: this thread has not yet waited on the cluster's entry phase.
 template <class C>
 __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const CompressArgs& a, Smem<C>& sm,
-                                                 int team, int u, int rank, int row_count, bool& arrived) {
+                                                 int team, int u, int rank, int row_count, bool& entry_pending) {
   if constexpr (C::kStoreRows) {
     // The row (slice) is complete in shared memory (decode with splits: pool_row's last barrier).
     if constexpr (!(C::kDecode && C::kSplit > 1)) team_sync<C>();
 #if !FC_GPU_HIP
     if constexpr (C::kCluster) {
-      if (arrived && u < 32) {  // the storing warp, before its first remote access
-        cluster_wait();         // the entry phase: every block has started, its barriers are set
-        arrived = false;
+      if (entry_pending && u < 32) {  // the storing warp, before its first remote access
+        cluster_wait();               // every block has started and set up its barriers
+        entry_pending = false;
       }
       // warp 0 of every block stores the block's slice; the partial sums meet in every block
       const int lane = u;
@@ -767,7 +764,7 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
 #endif
     (void)rank;
     (void)row_count;
-    (void)arrived;
+    (void)entry_pending;
     if constexpr (C::kSlicedStore) {
       // warp j stores 128-dim block j; the warps' partial sums meet in shared memory
       const int j = u / 32, lane = u % 32;
@@ -933,7 +930,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   async_commit();
   copy_rows_share<C>(a, first, last, u, rank);
   int row_count = 0;                         // rows the team has stored
-  bool arrived = C::kCluster;  // at the entry phase
+  bool entry_pending = C::kCluster;
   for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
     stage_copy<C>(a, sm, team, u, rank, b);
     const DecodePlan p = plan[b];
@@ -982,7 +979,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
     async_wait<0>();
     write_copy<C>(a, sm, team, u, rank, p.write_loc);
     if (t.emit) {
-      store_pooled_row<C>(t, a, sm, team, u, rank, row_count, arrived);
+      store_pooled_row<C>(t, a, sm, team, u, rank, row_count, entry_pending);
       ++row_count;
     } else if constexpr (!C::kStoreRows) {
       zero_out_row<C>(a, b, u, rank);
@@ -1046,8 +1043,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   }
   pool_row<C>(w, t, a, sm, team, u, rank);
   async_wait<0>();
-  bool arrived = C::kCluster;  // at the entry phase
-  store_pooled_row<C>(t, a, sm, team, u, rank, 0, arrived);
+  bool entry_pending = C::kCluster;
+  store_pooled_row<C>(t, a, sm, team, u, rank, 0, entry_pending);
   if constexpr (!kWriteList) pdl_launch_dependents();
 }
 
