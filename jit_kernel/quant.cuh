@@ -4,6 +4,7 @@
 //   bf16_bits(x)       fp32 -> bf16 bit pattern, round-to-nearest-even; NaN -> 0x7FFF
 //   bf16_round(x)      float(bf16(x))
 //   bf16_to_float(b)   bf16 bit pattern -> fp32 (exact)
+//   bf16x2_bits(l, h)  bf16_bits(l) | bf16_bits(h) << 16 (bf16x2_lo / _hi: the rounded values)
 //   clip448(x)         fmaxf(fminf(x, 448), -448): NaN -> +448, +-inf -> +-448
 //   e4m3_code(x)       OCP E4M3FN code, RNE, saturate-to-finite; NaN -> 0x7F; sign kept
 //                      (-0 and negatives that round to zero give 0x80)
@@ -18,9 +19,9 @@
 // Self-contained on purpose: no cuda_bf16.h / cuda_fp8.h (HIP 5.2 lacks hip_bf16.h and
 // hip_fp8.h), only bit manipulation and C math functions whose semantics are fixed by C99
 // (fminf, fmaxf, fabsf, rintf under the default rounding mode). The hardware shortcuts are
-// pack_fp8x4 on sm_89+ (cvt.rn.satfinite.e4m3x2.f32), which is bit-identical to the software
-// path for the finite inputs it receives (clip448 has already removed NaN and infinities), and
-// bf16_bits on sm_80+ (cvt.rn.bf16.f32, the same semantics for every input); define
+// pack_fp8x4 on sm_89+ (cvt.rn.satfinite.e4m3x2.f32 after one fminf, bit-identical to the
+// software path for every input), and bf16_bits / bf16x2_bits on sm_80+ (cvt.rn.bf16.f32,
+// cvt.rn.bf16x2.f32: the same semantics for every input); define
 // FC_QUANT_SOFTWARE_ONLY to compile them out. The reference for every function is
 // python/flashcompress/torch_backend/quant.py; tests/test_store_kernel_host.py checks the
 // software paths bit for bit on the host over a dense grid of fp32 patterns, and
@@ -121,6 +122,21 @@ FC_QUANT_FN float bf16_to_float(uint16_t bits) { return bits_float(static_cast<u
 
 FC_QUANT_FN float bf16_round(float x) { return bf16_to_float(bf16_bits(x)); }
 
+// bf16_bits(lo) | bf16_bits(hi) << 16: one cvt.rn.bf16x2.f32 for two values on sm_80+.
+FC_QUANT_FN uint32_t bf16x2_bits(float lo, float hi) {
+#if FC_QUANT_HW_BF16
+  uint32_t r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));  // first source -> upper half
+  return r;
+#else
+  return static_cast<uint32_t>(bf16_bits(lo)) | (static_cast<uint32_t>(bf16_bits(hi)) << 16);
+#endif
+}
+
+// bf16_round of the two values packed by bf16x2_bits.
+FC_QUANT_FN float bf16x2_lo(uint32_t p) { return bits_float(p << 16); }
+FC_QUANT_FN float bf16x2_hi(uint32_t p) { return bits_float(p & 0xFFFF0000u); }
+
 // ---------------------------------------------------------------------------------- e4m3
 
 // NaN is tested explicitly: C fminf returns NaN for a signalling NaN on glibc (IEEE minNum),
@@ -154,10 +170,12 @@ FC_QUANT_FN uint32_t pack_fp8(float x) { return e4m3_code(clip448(x)); }
 // Four pack_fp8 codes, the first value in the lowest byte.
 FC_QUANT_FN uint32_t pack_fp8x4(float a, float b, float c, float d) {
 #if FC_QUANT_HW_E4M3
-  // cvt packs its first source operand into the upper byte.
+  // cvt packs its first source operand into the upper byte. clip448 in one instruction: the
+  // device fminf (FMNMX) maps every NaN, quiet or signalling, to 448 and +inf to 448, and
+  // satfinite clamps what is left below -448 (-inf included) to -448, as clip448 would.
   uint16_t lo, hi;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(clip448(b)), "f"(clip448(a)));
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(clip448(d)), "f"(clip448(c)));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(fminf(b, kE4m3Max)), "f"(fminf(a, kE4m3Max)));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(fminf(d, kE4m3Max)), "f"(fminf(c, kE4m3Max)));
   return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
 #else
   return pack_fp8(a) | (pack_fp8(b) << 8) | (pack_fp8(c) << 16) | (pack_fp8(d) << 24);

@@ -167,9 +167,8 @@ FC_STORE_FN void store_u32(uint8_t* p, uint32_t x) { *reinterpret_cast<uint32_t*
 FC_STORE_FN void store_u64(uint8_t* p, uint64_t x) { *reinterpret_cast<uint64_t*>(p) = x; }
 
 FC_STORE_FN uint64_t bf16x4(const float* y) {
-  return static_cast<uint64_t>(quant::bf16_bits(y[0])) | (static_cast<uint64_t>(quant::bf16_bits(y[1])) << 16) |
-         (static_cast<uint64_t>(quant::bf16_bits(y[2])) << 32) |
-         (static_cast<uint64_t>(quant::bf16_bits(y[3])) << 48);
+  return static_cast<uint64_t>(quant::bf16x2_bits(y[0], y[1])) |
+         (static_cast<uint64_t>(quant::bf16x2_bits(y[2], y[3])) << 32);
 }
 
 FC_STORE_FN float abs_max4(const float* u) {
@@ -203,9 +202,8 @@ FC_STORE_FN Entry entry_at(const StoreArgs& args, int64_t loc) {
 // values are zeros) and store nothing.
 FC_STORE_FN void encode_v4_block(const float (&y)[4], int j, int lane, bool active, const Entry& e) {
   const int half = lane >> 4;
-  float u[4];
-FC_STORE_UNROLL
-  for (int i = 0; i < 4; ++i) u[i] = quant::bf16_round(y[i]);
+  const uint32_t p01 = quant::bf16x2_bits(y[0], y[1]), p23 = quant::bf16x2_bits(y[2], y[3]);
+  const float u[4] = {quant::bf16x2_lo(p01), quant::bf16x2_hi(p01), quant::bf16x2_lo(p23), quant::bf16x2_hi(p23)};
   // every lane takes part in the butterfly; the rope lanes' result of block 3 is unused
   const float amax = fmaxf(lanes_max<16>(abs_max4(u)), kAmaxFloor);
   const uint32_t exp = quant::ue8m0_ceil(quant::div_rn(amax, quant::kE4m3Max));
@@ -482,7 +480,9 @@ FC_STORE_FN void store_slice(float (&y)[4], const detail::BlockOperands& ops, in
   }
 }
 
-// Where plan row `row` of the standalone kernel stores (false: the row is skipped).
+// Where plan row `row` of the standalone kernel stores (false: the row is skipped). Decode's slot
+// out_loc[row] does not depend on the plan row: its load is issued before the plan row is read
+// (a skipped request's 8 bytes are wasted); prefill's slot out_loc[ragged_id] waits on it.
 struct RowDest {
   int64_t position;  // RoPE row
   int64_t loc;       // cache slot
@@ -490,20 +490,18 @@ struct RowDest {
 
 FC_STORE_FN bool plan_row_dest(const StoreKernelArgs& args, int64_t row, RowDest& d) {
   uint32_t seq_len;
-  int64_t dest;
   if (args.is_decode) {
-    const DecodePlan p = reinterpret_cast<const DecodePlan*>(args.plan)[row];
-    seq_len = p.seq_len;
-    if (seq_len % args.ratio != 0) return false;
-    dest = row;
+    d.loc = args.out_loc[row];
+    seq_len = reinterpret_cast<const DecodePlan*>(args.plan)[row].seq_len;
+    // ratio 4 or 128 (the API's compress ratios): a mask, not a division
+    if ((seq_len & (args.ratio - 1)) != 0) return false;
   } else {
     const CompressPlan p = reinterpret_cast<const CompressPlan*>(args.plan)[row];
     seq_len = p.seq_len;
     if (seq_len == kInvalidU32) return false;
-    dest = p.ragged_id;
+    d.loc = args.out_loc[p.ragged_id];
   }
   d.position = static_cast<int32_t>(seq_len - args.ratio);  // u32 subtraction as int32, as the peer does
-  d.loc = args.out_loc[dest];
   return true;
 }
 
@@ -526,20 +524,28 @@ FC_STORE_UNROLL
   }
 }
 
-// One plan row of the standalone kernel (warp-uniform: every lane takes the same branch).
+// One plan row of the standalone kernel (warp-uniform: every lane takes the same branch). The kv
+// row does not depend on the plan row either: it is loaded first, so a stored row waits on one
+// round trip (plan row, kv row, decode's slot) before the one of its RoPE row (and prefill's
+// slot); a skipped row's kv loads are wasted (mostly decode: 3 of 4 C4 requests).
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 FC_STORE_FN void store_plan_row(const StoreKernelArgs& args, int64_t row, int lane) {
-  RowDest d;
-  if (!plan_row_dest(args, row, d)) return;
   float v[kHeadDim / 32];
   load_kv_row<kHeadDim, kIn>(args, row, lane, v);
+  RowDest d;
+  if (!plan_row_dest(args, row, d)) return;
   store_row<kHeadDim, kFmt>(v, lane, d.position, d.loc, args.store);
 }
 
 // ------------------------------------------------------------------ kernels and launchers
 
+// Blocks per SM the register budget must allow: head 128 keeps the whole SM (32 registers; the
+// 8192-row launch of a 32768-token prefill is then one wave), head 512 four blocks (64).
+template <int kHeadDim>
+inline constexpr int kStoreMinBlocks = kHeadDim == 128 ? 8 : 4;
+
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
-__global__ void __launch_bounds__(kBlockThreads) store_kernel(const StoreKernelArgs args) {
+__global__ void __launch_bounds__(kBlockThreads, kStoreMinBlocks<kHeadDim>) store_kernel(const StoreKernelArgs args) {
   const int lane = static_cast<int>(threadIdx.x) & (kWarpLanes - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x / kWarpLanes);
   if (row >= args.rows) return;  // whole warps only
@@ -556,7 +562,8 @@ __global__ void __launch_bounds__(256) quant_probe_kernel(const float* x, uint8_
   const uint32_t fp8 = quant::pack_fp8x4(xs[0], xs[1], xs[2], xs[3]);
   for (int i = 0; i < kPerThread; ++i) {
     uint8_t* o = out + 4 * (kPerThread * t + i);
-    const uint16_t b = quant::bf16_bits(xs[i]);
+    const uint32_t pair = quant::bf16x2_bits(xs[i & ~1], xs[i | 1]);  // the packed pair path
+    const uint16_t b = static_cast<uint16_t>((i & 1) ? pair >> 16 : pair);
     o[0] = static_cast<uint8_t>(fp8 >> (8 * i));
     o[1] = static_cast<uint8_t>(quant::e2m1_threshold(xs[i]));
     o[2] = static_cast<uint8_t>(b & 0xFF);

@@ -14,7 +14,7 @@
 //     freq     fp32 [T, 64], contiguous, 16-byte aligned (view_as_real of the complex table)
 //     out_loc  int64 [M], contiguous; decode: M == N, prefill: M >= N
 //     kvcache  uint8 [pages, page_bytes(page_size)], contiguous, 16-byte aligned
-//     page_size a power of two in [1, 2^30]; is_decode bool; ratio in [1, 2^31 - 1]
+//     page_size a power of two in [1, 2^30]; is_decode bool; ratio a power of two in [1, 2^30]
 //     Launches on the caller's stream (TVMFFIEnvGetStream); N = 0 returns after the checks.
 //     Values are not read here (out_loc inside the cache, positions inside the table: the API
 //     layer checks those with FLASHCOMPRESS_DEBUG=1).
@@ -47,7 +47,7 @@ namespace chk = ::flashcompress::ffi_check;
 using tvm::ffi::TensorView;
 
 inline constexpr int64_t kMaxPageSize = int64_t{1} << 30;
-inline constexpr int64_t kMaxRatio = 0x7FFFFFFF;
+inline constexpr int64_t kMaxRatio = int64_t{1} << 30;
 
 // Data / scale bytes per token and the page alignment (mirror of layouts.CacheFormat).
 struct FormatBytes {
@@ -127,6 +127,7 @@ struct StoreBinding {
     chk::check_tensor(kvcache, "kvcache", chk::kUInt8, {chk::kAnySize, page_bytes}, dev);
     chk::check_aligned(kvcache, "kvcache", 16);
     chk::check_range(ratio, "ratio", 1, kMaxRatio);
+    TVM_FFI_CHECK((ratio & (ratio - 1)) == 0, ValueError) << "ratio: expected a power of two, got " << ratio;
     if (rows == 0) return;
 
     StoreKernelArgs args{};

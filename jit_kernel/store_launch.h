@@ -10,7 +10,7 @@
 //   plan      [rows, 16] DecodePlan (is_decode) or CompressPlan rows (plan.cuh)
 //   out_loc   int64      decode: [rows]; prefill: indexed by ragged_id
 //   rows      plan rows (0: nothing is launched)
-//   ratio     compress ratio (row stored iff seq_len % ratio == 0 in decode; position
+//   ratio     compress ratio, a power of two (row stored iff seq_len % ratio == 0 in decode; position
 //             seq_len - ratio)
 //   store     norm weight, eps, RoPE table, cache and its paging (store_args.h)
 #pragma once
@@ -40,7 +40,8 @@ struct StoreLaunch {
   // One warp per plan row, several rows per block, on `stream`; no host synchronisation.
   static gpuError_t run(const StoreKernelArgs& args, gpuStream_t stream);
   // Test probe of the device encoders (quant.cuh) over n fp32 values: out[i] (4 bytes) =
-  // pack_fp8(x[i]), e2m1_threshold(x[i]), bf16_bits(x[i]) (little-endian u16).
+  // pack_fp8(x[i]), e2m1_threshold(x[i]), bf16_bits(x[i]) (little-endian u16, by bf16x2_bits of the
+  // pair 2k, 2k + 1 holding x[i]).
   static gpuError_t quant_probe(const float* x, uint8_t* out, int64_t n, gpuStream_t stream);
 };
 
