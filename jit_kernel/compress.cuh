@@ -62,6 +62,9 @@
 // programmatic dependent launch on SM90: it loads everything first and executes
 // griddepcontrol.wait before its first store, because ring rows alias and every read of pass 1
 // must complete before a write of pass 2 lands (the two passes share rows).
+// The decode kernel and pass 1 are programmatic dependents of whatever kernel precedes them in
+// the stream (SM90): they set up shared memory (and the cluster), allow the next kernel to start,
+// and wait for the previous one before their first global-memory access (gpu_runtime.h).
 //
 // Store epilogue (store_pooled_row): the team writes its rounded row (slice) to shared memory.
 // One block per row: its operands were staged by cp.async while the row was pooled (the weight
@@ -103,18 +106,6 @@ template <>
 struct TypeOf<DType::kBF16> {
   using type = bf16_t;
 };
-
-__device__ __forceinline__ void pdl_wait() {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
 
 // The cluster's entry phase: a block may touch another block's shared memory only once that
 // block has started (and set up its barriers). Every thread arrives on entry (relaxed: it
@@ -923,6 +914,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   int64_t group;
   block_coords<C>(rank, group, team, u);
   if constexpr (C::kCluster) cluster_entry<C>(sm);
+  // Launched as a programmatic dependent (sm_90): the launch and the prologue above overlap the
+  // previous kernel; no global memory is touched before the wait.
+  pdl_launch_dependents();
+  pdl_wait();
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
@@ -996,6 +991,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   block_coords<C>(rank, group, team, u);
   if constexpr (C::kCluster) cluster_entry<C>(sm);
   constexpr bool kWriteList = C::kPass == Pass::kOnlineWrite;
+  if constexpr (!kWriteList) pdl_wait();  // pass 1 is a programmatic dependent of the previous kernel
   const int64_t k = group * C::kTeams + team;
   const int64_t rows = kWriteList ? a.rows_w : a.rows;
   if (k >= rows) return;  // uniform across the team and the cluster
@@ -1184,9 +1180,6 @@ struct Kernel {
   }
 };
 
-#ifndef FC_ENABLE_PDL
-#define FC_ENABLE_PDL 0
-#endif
 // Decode grid: this many waves of resident blocks (requests per team follow from the batch).
 #ifndef FC_DECODE_WAVES
 #define FC_DECODE_WAVES 1
@@ -1215,11 +1208,11 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt>::r
     const int64_t teams = kWaves * kernel.setup() / C::kCSplit * C::kTeams;  // <= 0: launch reports it
     CompressArgs d = a;
     d.reqs_per_team = teams > 0 ? (a.rows + teams - 1) / teams : 1;
-    return kernel.launch(row_grid<C>(a.rows, d.reqs_per_team), false, stream, d);
+    return kernel.launch(row_grid<C>(a.rows, d.reqs_per_team), kPdl, stream, d);
   }
   using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kPrefill>;
   static const Kernel pool{prefill_kernel<C>, C::kThreads, C::kCluster ? C::kCSplit : 1};
-  gpuError_t err = pool.launch(row_grid<C>(a.rows, 1), false, stream, a);
+  gpuError_t err = pool.launch(row_grid<C>(a.rows, 1), kPdl, stream, a);
   if (err != gpuSuccess) return err;
   if constexpr (kOnline) {
     using CW = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kOnlineWrite>;

@@ -47,6 +47,12 @@
 #include <cuda_runtime.h>
 #endif
 
+// FC_ENABLE_PDL: 1 iff the kernel TU launches its kernels as programmatic dependents (the
+// templates set it for CUDA targets sm_90 and up; 0 by default and on HIP).
+#ifndef FC_ENABLE_PDL
+#define FC_ENABLE_PDL 0
+#endif
+
 namespace flashcompress {
 
 // Largest warp / wavefront of any supported target (CDNA wave64).
@@ -70,6 +76,27 @@ inline const char* gpuGetErrorString(gpuError_t e) { return cudaGetErrorString(e
 inline const char* gpuGetErrorName(gpuError_t e) { return cudaGetErrorName(e); }
 inline gpuError_t gpuGetDevice(int* device) { return cudaGetDevice(device); }
 inline gpuError_t gpuSetDevice(int device) { return cudaSetDevice(device); }
+#endif
+
+// Programmatic dependent launch (CUDA, sm_90+; no-ops elsewhere). A kernel launched with
+// cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel of its
+// stream still runs: it must call pdl_wait() before its first global-memory access (the wait
+// returns once every prerequisite grid has completed and its memory is visible; without the
+// attribute it returns at once). pdl_launch_dependents() lets the next such kernel of the stream
+// start its own prologue; that kernel's pdl_wait still waits for this grid to complete, so a
+// kernel may call it as early as it likes.
+#if defined(__CUDACC__) || defined(__HIPCC__)
+__device__ __forceinline__ void pdl_wait() {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
 #endif
 
 }  // namespace flashcompress

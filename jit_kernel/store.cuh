@@ -46,7 +46,8 @@
 //   CompressPlan: stored iff seq_len != 0xFFFFFFFF, dest out_loc[ragged_id]; position
 //   int32(seq_len - ratio)), then -- only for stored rows -- out_loc, the kv row (one 16-B / 8-B
 //   load per lane per 128 dims), the weight and the RoPE row, and calls store_row. Skipped rows
-//   write nothing. Launch on the caller's stream, no host synchronisation, graph-capturable.
+//   write nothing. Launch on the caller's stream, no host synchronisation, graph-capturable; on
+//   SM90 (FC_ENABLE_PDL) a programmatic dependent of the stream's previous kernel.
 //
 // Host emulation (tests/native/store_host_emulator.cu): with FC_STORE_HOST_EMULATION defined the
 // row functions are __host__ __device__ and the host pass exchanges lane values through
@@ -548,6 +549,8 @@ template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 __global__ void __launch_bounds__(kBlockThreads, kStoreMinBlocks<kHeadDim>) store_kernel(const StoreKernelArgs args) {
   const int lane = static_cast<int>(threadIdx.x) & (kWarpLanes - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x / kWarpLanes);
+  pdl_launch_dependents();
+  pdl_wait();  // a programmatic dependent of the previous kernel (sm_90): nothing read before
   if (row >= args.rows) return;  // whole warps only
   store_plan_row<kHeadDim, kFmt, kIn>(args, row, lane);
 }
@@ -577,9 +580,22 @@ template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 gpuError_t StoreLaunch<kHeadDim, kFmt, kIn>::run(const StoreKernelArgs& args, gpuStream_t stream) {
   if (args.rows <= 0) return gpuSuccess;
   const int64_t blocks = (args.rows + store::kWarpsPerBlock - 1) / store::kWarpsPerBlock;
+#if FC_ENABLE_PDL
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(static_cast<unsigned>(store::kBlockThreads));
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, store::store_kernel<kHeadDim, kFmt, kIn>, args);
+#else
   store::store_kernel<kHeadDim, kFmt, kIn>
       <<<static_cast<unsigned>(blocks), static_cast<unsigned>(store::kBlockThreads), 0, stream>>>(args);
   return gpuGetLastError();
+#endif
 }
 
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
