@@ -63,8 +63,9 @@
 // griddepcontrol.wait before its first store, because ring rows alias and every read of pass 1
 // must complete before a write of pass 2 lands (the two passes share rows).
 // The decode kernel and pass 1 are programmatic dependents of whatever kernel precedes them in
-// the stream (SM90): they set up shared memory (and the cluster), allow the next kernel to start,
-// and wait for the previous one before their first global-memory access (gpu_runtime.h).
+// the stream (SM90): they set up shared memory (and the cluster), wait for the previous kernel
+// before their first global-memory access, and let the next kernel launch once a block has done
+// its work (gpu_runtime.h).
 //
 // Store epilogue (store_pooled_row): the team writes its rounded row (slice) to shared memory.
 // One block per row: its operands were staged by cp.async while the row was pooled (the weight
@@ -916,8 +917,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   if constexpr (C::kCluster) cluster_entry<C>(sm);
   // Launched as a programmatic dependent (sm_90): the launch and the prologue above overlap the
   // previous kernel; no global memory is touched before the wait.
-  pdl_launch_dependents();
-  pdl_wait();
+  pdl_enter();
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
@@ -980,6 +980,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       zero_out_row<C>(a, b, u, rank);
     }
   }
+  pdl_leave();
 }
 
 // Prefill pass 1 (and the online write list, Pass::kOnlineWrite): one team per plan row.
@@ -991,7 +992,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   block_coords<C>(rank, group, team, u);
   if constexpr (C::kCluster) cluster_entry<C>(sm);
   constexpr bool kWriteList = C::kPass == Pass::kOnlineWrite;
-  if constexpr (!kWriteList) pdl_wait();  // pass 1 is a programmatic dependent of the previous kernel
+  // Pass 1 is a programmatic dependent of the previous kernel; it lets pass 2 launch at its end
+  // only (pass 2 reads its input before its own wait).
+  if constexpr (!kWriteList) pdl_wait();
   const int64_t k = group * C::kTeams + team;
   const int64_t rows = kWriteList ? a.rows_w : a.rows;
   if (k >= rows) return;  // uniform across the team and the cluster

@@ -83,8 +83,8 @@ inline gpuError_t gpuSetDevice(int device) { return cudaSetDevice(device); }
 // stream still runs: it must call pdl_wait() before its first global-memory access (the wait
 // returns once every prerequisite grid has completed and its memory is visible; without the
 // attribute it returns at once). pdl_launch_dependents() lets the next such kernel of the stream
-// start its own prologue; that kernel's pdl_wait still waits for this grid to complete, so a
-// kernel may call it as early as it likes.
+// start; that kernel's pdl_wait still waits for this grid to complete. Never before this
+// kernel's own pdl_wait: a dependent may read, before its wait, what the kernel two back wrote.
 #if defined(__CUDACC__) || defined(__HIPCC__)
 __device__ __forceinline__ void pdl_wait() {
 #if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -96,6 +96,21 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" :::);
 #endif
+}
+
+// When a kernel lets the next one launch: 1 = right after its wait (pdl_enter), 0 = once a
+// block has done its work (pdl_leave). An A/B knob (scripts/ab_bench.sh -D).
+#define FC_PDL_TRIGGER_AT_ENTRY 0
+
+// The start of a programmatic dependent: wait for the previous kernel (then maybe trigger).
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  if (FC_PDL_TRIGGER_AT_ENTRY) pdl_launch_dependents();
+}
+
+// A block's work is done: the next kernel may launch (its prologue overlaps this grid's tail).
+__device__ __forceinline__ void pdl_leave() {
+  if (!FC_PDL_TRIGGER_AT_ENTRY) pdl_launch_dependents();
 }
 #endif
 

@@ -549,10 +549,10 @@ template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 __global__ void __launch_bounds__(kBlockThreads, kStoreMinBlocks<kHeadDim>) store_kernel(const StoreKernelArgs args) {
   const int lane = static_cast<int>(threadIdx.x) & (kWarpLanes - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x / kWarpLanes);
-  pdl_launch_dependents();
-  pdl_wait();  // a programmatic dependent of the previous kernel (sm_90): nothing read before
+  pdl_enter();  // a programmatic dependent of the previous kernel (sm_90): nothing read before
   if (row >= args.rows) return;  // whole warps only
   store_plan_row<kHeadDim, kFmt, kIn>(args, row, lane);
+  pdl_leave();
 }
 
 // Thread t encodes x[4t .. 4t+3] (n % 4 == 0): the device path of every encoder.
