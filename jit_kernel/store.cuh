@@ -580,7 +580,7 @@ template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 gpuError_t StoreLaunch<kHeadDim, kFmt, kIn>::run(const StoreKernelArgs& args, gpuStream_t stream) {
   if (args.rows <= 0) return gpuSuccess;
   const int64_t blocks = (args.rows + store::kWarpsPerBlock - 1) / store::kWarpsPerBlock;
-#if FC_ENABLE_PDL
+#if !FC_GPU_HIP && FC_ENABLE_PDL  // CUDA sm_90+: a programmatic dependent of the previous kernel
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks));
   cfg.blockDim = dim3(static_cast<unsigned>(store::kBlockThreads));

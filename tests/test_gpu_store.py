@@ -209,6 +209,8 @@ def test_binding_errors_on_cuda_tensors(st) -> None:
         call(7, 8)  # page_size 8: pages of a different size
     with pytest.raises(ValueError, match="page_size: expected a power of two"):
         call(7, 3)
+    with pytest.raises(ValueError, match="ratio: expected a power of two, got 12"):
+        call(9, 12)  # decode tests seq_len % ratio by a mask
     with pytest.raises(ValueError, match="kv: data must be 16-byte aligned"):
         call(0, torch.zeros(4 * 512 + 1, device=DEV)[1:].view(4, 512))
     torch.cuda.synchronize()

@@ -298,8 +298,10 @@ def test_hip_render_every_family(private_env, item) -> None:
         code = hip_view(text)
         assert not _CUDA_RUNTIME.findall(code), name
         assert "kDLCUDA" not in code and "!FC_GPU_HIP" not in code, name
-    if family == "compress":
+    if family in ("compress", "store"):
         assert "#define FC_ENABLE_PDL 0" in hip["kernel.cu"]
+        cuda = render_sources(make_key(family, target="cuda:9.0a", **params), get_family(family))
+        assert "#define FC_ENABLE_PDL 1" in cuda["kernel.cu"]  # programmatic dependents on sm_90
     if family == "store":
         assert "static_assert(FC_GPU_HIP," in hip["kernel.cu"] and "kDLROCM" in hip["binding.cpp"]
 
