@@ -99,8 +99,11 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 
 // When a kernel lets the next one launch: 1 = right after its wait (pdl_enter), 0 = once a
-// block has done its work (pdl_leave). An A/B knob (scripts/ab_bench.sh -D).
+// block has done its work (pdl_leave). An A/B knob (scripts/ab_bench.sh -D; benchmarks/RESULTS.md,
+// session 10: neither wins everywhere).
+#ifndef FC_PDL_TRIGGER_AT_ENTRY
 #define FC_PDL_TRIGGER_AT_ENTRY 0
+#endif
 
 // The start of a programmatic dependent: wait for the previous kernel (then maybe trigger).
 __device__ __forceinline__ void pdl_enter() {
