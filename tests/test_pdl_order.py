@@ -1,0 +1,114 @@
+"""Programmatic dependent launch: no global-memory access before the wait (CPU, needs nvcc).
+
+On SM90 the decode kernel, prefill pass 1 and the standalone store kernel are launched as
+programmatic dependents of the stream's previous kernel (jit_kernel/gpu_runtime.h): they may run
+while that kernel still writes, so each must execute ``griddepcontrol.wait`` before its first
+global-memory access, and may let its own dependents launch (``griddepcontrol.launch_dependents``)
+only after that wait (a dependent may read, before its own wait, what the kernel two back wrote).
+This test compiles variants to PTX for sm_90a and checks that order in each kernel's text (every
+device function is inlined, so a kernel's PTX follows its program order). The two write passes of
+prefill (``write_kernel``, the online write list) read their input before their wait by design:
+they are dependents of pass 1, which triggers them only at its end, after its own wait.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flashcompress.jit import family as fam
+from flashcompress.jit.flags import BASE_CUDA_FLAGS, target_flags
+from flashcompress.jit.render import kernel_include_dir, render_sources
+
+NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+pytestmark = pytest.mark.skipif(not Path(NVCC).exists(), reason="needs nvcc")
+
+F32 = {"in_dtype": "f32", "state_dtype": "f32", "out_dtype": "f32"}
+VARIANTS = [
+    ("store", {"head_dim": 512, "fmt": "v4", "dtype": "f32"}),
+    ("store", {"head_dim": 128, "fmt": "idx_fp8", "dtype": "bf16"}),
+    ("compress", {"ratio": 4, "online": False, "head_dim": 512, "store": "v4", **F32}),
+    ("compress", {"ratio": 4, "online": False, "head_dim": 128, "store": "idx_fp8", **F32}),
+    ("compress", {"ratio": 128, "online": False, "head_dim": 512, "store": "v4", **F32}),
+    ("compress", {"ratio": 128, "online": True, "head_dim": 512, "store": "none", **F32}),
+]
+# Any access to global memory (loads, stores, atomics, async copies from global, prefetches);
+# parameter, shared-memory and mbarrier instructions do not count.
+_GLOBAL = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld\.global|st\.global|red\.global|atom\.global|cp\.async(?!\.(?:commit|wait))"
+                     r"|cp\.reduce\.async|prefetch\.global|prefetchu|ld\.volatile\.global|st\.async|ld\.(?:weak|relaxed|acquire)\.\w+\.global)",
+                     re.M)
+_WAIT = "griddepcontrol.wait"
+_TRIGGER = "griddepcontrol.launch_dependents"
+
+
+def _ptx(family: str, params: dict, tmp: Path) -> str:
+    f = fam.get_family(family)
+    key = f.key("cuda:9.0a", **params)
+    kernel = [text for name, text in render_sources(key, f).items() if name.endswith(".cu")][0]
+    src = tmp / "kernel.cu"
+    src.write_text(kernel)
+    out = tmp / "kernel.ptx"
+    cmd = [NVCC, *BASE_CUDA_FLAGS, *target_flags(key.target), *f.cuda_flags, f"-I{kernel_include_dir()}",
+           "-ptx", "-o", str(out), str(src)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out.read_text()
+
+
+def _entries(ptx: str) -> dict[str, str]:
+    """Kernel (mangled name) -> its PTX body."""
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r"^\.visible \.entry (\S+?)\(", ptx, re.M)]
+    bodies = {}
+    for i, (pos, name) in enumerate(starts):
+        end = starts[i + 1][0] if i + 1 < len(starts) else len(ptx)
+        bodies[name] = ptx[pos:end]
+    return bodies
+
+
+def _demangle(names: list[str]) -> dict[str, str]:
+    try:
+        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True).stdout
+        return dict(zip(names, out.splitlines()))
+    except (OSError, subprocess.CalledProcessError):
+        return {n: n for n in names}
+
+
+def _is_dependent(demangled: str) -> bool:
+    """Kernels launched as programmatic dependents of an arbitrary previous kernel."""
+    if "store_kernel" in demangled or "compress::decode_kernel" in demangled:
+        return True
+    return "prefill_kernel" in demangled and "::Pass)1>" in demangled
+
+
+@pytest.mark.parametrize("family,params", VARIANTS, ids=[f"{f}-{'-'.join(str(v) for v in p.values())}" for f, p in VARIANTS])
+def test_no_global_access_before_the_wait(tmp_path, family, params) -> None:
+    ptx = _ptx(family, params, tmp_path)
+    bodies = _entries(ptx)
+    names = _demangle(list(bodies))
+    checked = 0
+    for mangled, body in bodies.items():
+        if not _is_dependent(names[mangled]):
+            continue
+        checked += 1
+        wait = body.find(_WAIT)
+        assert wait >= 0, f"{names[mangled]}: no {_WAIT}"
+        first = _GLOBAL.search(body)
+        assert first is not None, f"{names[mangled]}: no global-memory access found (pattern out of date?)"
+        assert first.start() > wait, (f"{names[mangled]}: '{first.group(0).strip()}' before {_WAIT}:\n"
+                                      f"{body[max(0, first.start() - 400):first.start() + 80]}")
+        trigger = body.find(_TRIGGER)
+        assert trigger < 0 or trigger > wait, f"{names[mangled]}: {_TRIGGER} before {_WAIT}"
+    assert checked >= (1 if family == "store" else 2), f"dependent kernels checked: {checked}"
+
+
+def test_the_check_catches_an_early_access() -> None:
+    """The order check itself: a load before the wait, and a trigger before it, are found."""
+    bad = "ld.param.u64 %rd1, [p];\nld.global.u32 %r1, [%rd1];\ngriddepcontrol.wait;\n"
+    first = _GLOBAL.search(bad)
+    assert first is not None and first.start() < bad.find(_WAIT)
+    good = "ld.param.u64 %rd1, [p];\nst.shared.u32 [%r2], %r1;\ngriddepcontrol.wait;\n@%p1 ld.global.nc.v4.f32 {%f1}, [%rd1];\n"
+    assert _GLOBAL.search(good).start() > good.find(_WAIT)
