@@ -41,13 +41,14 @@
 //
 // The standalone kernel (StoreLaunch<kHeadDim, kFmt, kIn>::run, store_launch.h):
 //   kv [rows, H] fp32 | bf16; plan [rows, 16]; grid ceil(rows / 8), block 256 = 8 warps, warp w of
-//   block b owns plan row 8b + w (surplus warps of the last block exit). Per row it reads the plan
-//   row (decode DecodePlan: stored iff seq_len % ratio == 0, dest out_loc[row]; prefill
-//   CompressPlan: stored iff seq_len != 0xFFFFFFFF, dest out_loc[ragged_id]; position
-//   int32(seq_len - ratio)), then -- only for stored rows -- out_loc, the kv row (one 16-B / 8-B
-//   load per lane per 128 dims), the weight and the RoPE row, and calls store_row. Skipped rows
-//   write nothing. Launch on the caller's stream, no host synchronisation, graph-capturable; on
-//   SM90 (FC_ENABLE_PDL) a programmatic dependent of the stream's previous kernel.
+//   block b owns plan row 8b + w (surplus warps of the last block exit). Per row it loads the kv
+//   row (one 16-B / 8-B load per lane per 128 dims) together with the plan row (decode
+//   DecodePlan: stored iff seq_len % ratio == 0, dest out_loc[row]; prefill CompressPlan: stored
+//   iff seq_len != 0xFFFFFFFF, dest out_loc[ragged_id]; position int32(seq_len - ratio)), then --
+//   only for stored rows -- out_loc, the weight and the RoPE row, and calls store_row. Skipped
+//   rows write nothing. Launch on the caller's stream, no host synchronisation, graph-capturable;
+//   on SM90 (FC_ENABLE_PDL, cudaLaunchKernelEx) a programmatic dependent of the stream's previous
+//   kernel (pdl_enter before the first load, pdl_leave after the row).
 //
 // Host emulation (tests/native/store_host_emulator.cu): with FC_STORE_HOST_EMULATION defined the
 // row functions are __host__ __device__ and the host pass exchanges lane values through
@@ -482,8 +483,7 @@ FC_STORE_FN void store_slice(float (&y)[4], const detail::BlockOperands& ops, in
 }
 
 // Where plan row `row` of the standalone kernel stores (false: the row is skipped). Decode's slot
-// out_loc[row] does not depend on the plan row: its load is issued before the plan row is read
-// (a skipped request's 8 bytes are wasted); prefill's slot out_loc[ragged_id] waits on it.
+// is out_loc[row], prefill's out_loc[ragged_id] (read from the plan row).
 struct RowDest {
   int64_t position;  // RoPE row
   int64_t loc;       // cache slot
@@ -526,9 +526,9 @@ FC_STORE_UNROLL
 }
 
 // One plan row of the standalone kernel (warp-uniform: every lane takes the same branch). The kv
-// row does not depend on the plan row either: it is loaded first, so a stored row waits on one
-// round trip (plan row, kv row, decode's slot) before the one of its RoPE row (and prefill's
-// slot); a skipped row's kv loads are wasted (mostly decode: 3 of 4 C4 requests).
+// row does not depend on the plan row: it is loaded first, so a stored row waits on one round
+// trip (plan row and kv row) before the one of its slot, weight and RoPE row; a skipped row's kv
+// loads are wasted (mostly decode: 3 of 4 C4 requests).
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 FC_STORE_FN void store_plan_row(const StoreKernelArgs& args, int64_t row, int lane) {
   float v[kHeadDim / 32];
