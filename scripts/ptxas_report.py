@@ -37,7 +37,7 @@ _LINE = re.compile(r"Compiling entry function '(?P<fn>[^']+)'|Function propertie
                    r"Used (?P<regs>\d+) registers(?:.*?(?P<smem>\d+) bytes smem)?")
 
 
-def _demangle(names: list[str]) -> dict[str, str]:
+def demangle(names: list[str]) -> dict[str, str]:
     try:
         out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True).stdout
         return dict(zip(names, out.splitlines()))
@@ -66,6 +66,19 @@ def _sass_counts(cubin: Path, nvdisasm: str) -> dict[str, tuple[int, int]]:
     return {k: (v[0], v[1]) for k, v in counts.items()}
 
 
+def compile_tu(nvcc: str, f: "fam.Family", params: dict, out: Path, mode: list[str],
+               defines: list[str] = ()) -> subprocess.CompletedProcess:
+    """Render a variant's kernel TU for sm_90a as the JIT does and compile it into `out` with
+    `mode` (e.g. ["-cubin", "-Xptxas", "-v"] or ["-ptx"]); the finished nvcc process."""
+    key = f.key("cuda:9.0a", **params)
+    kernel = [text for name, text in render_sources(key, f).items() if name.endswith(".cu")][0]
+    src = out.with_suffix(".cu")
+    src.write_text(kernel)
+    cmd = [nvcc, *BASE_CUDA_FLAGS, *target_flags(key.target), *f.cuda_flags, *(f"-D{d}" for d in defines),
+           f"-I{kernel_include_dir()}", *mode, "-o", str(out), str(src)]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
 def report(spec: str, defines: list[str], nvcc: str, nvdisasm: str | None = None) -> list[str]:
     family, params = fam.parse_spec(spec)
     f = fam.get_family(family)
@@ -73,14 +86,10 @@ def report(spec: str, defines: list[str], nvcc: str, nvdisasm: str | None = None
     lines: list[str] = []
     for p in rows:
         key = f.key("cuda:9.0a", **p)
-        kernel = [text for name, text in render_sources(key, f).items() if name.endswith(".cu")][0]
         with tempfile.TemporaryDirectory() as tmp:
-            src = Path(tmp) / "kernel.cu"
-            src.write_text(kernel)
-            cmd = [nvcc, *BASE_CUDA_FLAGS, *target_flags(key.target), *f.cuda_flags, *(f"-D{d}" for d in defines),
-                   f"-I{kernel_include_dir()}", "-cubin", "-Xptxas", "-v", "-o", str(Path(tmp) / "k.cubin"), str(src)]
-            res = subprocess.run(cmd, capture_output=True, text=True)
-            sass = _sass_counts(Path(tmp) / "k.cubin", nvdisasm) if nvdisasm and res.returncode == 0 else {}
+            cubin = Path(tmp) / "k.cubin"
+            res = compile_tu(nvcc, f, p, cubin, ["-cubin", "-Xptxas", "-v"], defines)
+            sass = _sass_counts(cubin, nvdisasm) if nvdisasm and res.returncode == 0 else {}
         if res.returncode != 0:
             errors = "\n".join(line for line in res.stderr.splitlines() if "error" in line)
             lines.append(f"{key.describe()}: build failed\n{errors[:3000]}")
@@ -96,7 +105,7 @@ def report(spec: str, defines: list[str], nvcc: str, nvdisasm: str | None = None
                 per.setdefault(cur, {})
             elif cur is not None:
                 per[cur].update({k: v for k, v in m.groupdict().items() if v is not None and k not in ("fn", "fp")})
-        names = _demangle(list(per))
+        names = demangle(list(per))
         lines.append(key.describe())
         for mangled, d in per.items():
             if "regs" not in d and "sst" not in d:

@@ -13,19 +13,22 @@ they are dependents of pass 1, which triggers them only at its end, after its ow
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from flashcompress.jit import family as fam
-from flashcompress.jit.flags import BASE_CUDA_FLAGS, target_flags
-from flashcompress.jit.render import kernel_include_dir, render_sources
 
+REPO = Path(__file__).resolve().parents[1]
 NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
 pytestmark = pytest.mark.skipif(not Path(NVCC).exists(), reason="needs nvcc")
+
+_spec = importlib.util.spec_from_file_location("ptxas_report", REPO / "scripts" / "ptxas_report.py")
+ptxas_report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ptxas_report)  # type: ignore[union-attr]
 
 F32 = {"in_dtype": "f32", "state_dtype": "f32", "out_dtype": "f32"}
 VARIANTS = [
@@ -46,15 +49,8 @@ _TRIGGER = "griddepcontrol.launch_dependents"
 
 
 def _ptx(family: str, params: dict, tmp: Path) -> str:
-    f = fam.get_family(family)
-    key = f.key("cuda:9.0a", **params)
-    kernel = [text for name, text in render_sources(key, f).items() if name.endswith(".cu")][0]
-    src = tmp / "kernel.cu"
-    src.write_text(kernel)
     out = tmp / "kernel.ptx"
-    cmd = [NVCC, *BASE_CUDA_FLAGS, *target_flags(key.target), *f.cuda_flags, f"-I{kernel_include_dir()}",
-           "-ptx", "-o", str(out), str(src)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = ptxas_report.compile_tu(NVCC, fam.get_family(family), params, out, ["-ptx"])
     assert res.returncode == 0, res.stderr[-3000:]
     return out.read_text()
 
@@ -69,14 +65,6 @@ def _entries(ptx: str) -> dict[str, str]:
     return bodies
 
 
-def _demangle(names: list[str]) -> dict[str, str]:
-    try:
-        out = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True, check=True).stdout
-        return dict(zip(names, out.splitlines()))
-    except (OSError, subprocess.CalledProcessError):
-        return {n: n for n in names}
-
-
 def _is_dependent(demangled: str) -> bool:
     """Kernels launched as programmatic dependents of an arbitrary previous kernel."""
     if "store_kernel" in demangled or "compress::decode_kernel" in demangled:
@@ -88,7 +76,7 @@ def _is_dependent(demangled: str) -> bool:
 def test_no_global_access_before_the_wait(tmp_path, family, params) -> None:
     ptx = _ptx(family, params, tmp_path)
     bodies = _entries(ptx)
-    names = _demangle(list(bodies))
+    names = ptxas_report.demangle(list(bodies))
     checked = 0
     for mangled, body in bodies.items():
         if not _is_dependent(names[mangled]):
