@@ -99,14 +99,6 @@ inline constexpr int kWarpLanes = 32;
 inline constexpr int kRopeDim = 64;
 inline constexpr int kWarpsPerBlock = 8;
 inline constexpr int kBlockThreads = kWarpsPerBlock * kWarpLanes;
-// Plan rows per warp of the standalone kernel (an A/B knob, scripts/ab_bench.sh -D): with more
-// than one, a warp loads all its rows' kv rows before it stores the first, more bytes in flight
-// per SM at fewer warps (benchmarks/RESULTS.md, session 10: the kernel waits on memory).
-#ifndef FC_STORE_ROWS_PER_WARP
-#define FC_STORE_ROWS_PER_WARP 1
-#endif
-inline constexpr int kRowsPerWarp = FC_STORE_ROWS_PER_WARP;
-static_assert(kRowsPerWarp >= 1 && kRowsPerWarp <= 4, "1 to 4 rows per warp");
 inline constexpr float kAmaxFloor = 1e-4f;
 inline constexpr uint32_t kHadamardScaleBits = 0x3DB504F3u;  // rsqrtf(128), correctly rounded
 
@@ -548,42 +540,18 @@ FC_STORE_FN void store_plan_row(const StoreKernelArgs& args, int64_t row, int la
 
 // ------------------------------------------------------------------ kernels and launchers
 
-// Several plan rows per warp (kRowsPerWarp > 1): every kv row and every plan row first, then the
-// rows one by one.
-template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
-FC_STORE_FN void store_plan_rows(const StoreKernelArgs& args, int64_t row0, int lane) {
-  float v[kRowsPerWarp][kHeadDim / 32];
-  RowDest d[kRowsPerWarp];
-  bool stored[kRowsPerWarp];
-FC_STORE_UNROLL
-  for (int k = 0; k < kRowsPerWarp; ++k) {
-    if (row0 + k < args.rows) load_kv_row<kHeadDim, kIn>(args, row0 + k, lane, v[k]);
-  }
-FC_STORE_UNROLL
-  for (int k = 0; k < kRowsPerWarp; ++k) stored[k] = row0 + k < args.rows && plan_row_dest(args, row0 + k, d[k]);
-FC_STORE_UNROLL
-  for (int k = 0; k < kRowsPerWarp; ++k) {
-    if (stored[k]) store_row<kHeadDim, kFmt>(v[k], lane, d[k].position, d[k].loc, args.store);
-  }
-}
-
 // Blocks per SM the register budget must allow: head 128 keeps the whole SM (32 registers; the
-// 8192-row launch of a 32768-token prefill is then one wave), head 512 four blocks (64); with
-// several rows per warp 6 (40 registers) and 3 (80).
+// 8192-row launch of a 32768-token prefill is then one wave), head 512 four blocks (64).
 template <int kHeadDim>
-inline constexpr int kStoreMinBlocks = kRowsPerWarp == 1 ? (kHeadDim == 128 ? 8 : 4) : (kHeadDim == 128 ? 6 : 3);
+inline constexpr int kStoreMinBlocks = kHeadDim == 128 ? 8 : 4;
 
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 __global__ void __launch_bounds__(kBlockThreads, kStoreMinBlocks<kHeadDim>) store_kernel(const StoreKernelArgs args) {
   const int lane = static_cast<int>(threadIdx.x) & (kWarpLanes - 1);
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x / kWarpLanes)) * kRowsPerWarp;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x / kWarpLanes);
   pdl_enter();  // a programmatic dependent of the previous kernel (sm_90): nothing read before
   if (row >= args.rows) return;  // whole warps only
-  if constexpr (kRowsPerWarp == 1) {
-    store_plan_row<kHeadDim, kFmt, kIn>(args, row, lane);
-  } else {
-    store_plan_rows<kHeadDim, kFmt, kIn>(args, row, lane);
-  }
+  store_plan_row<kHeadDim, kFmt, kIn>(args, row, lane);
   pdl_leave();
 }
 
@@ -611,8 +579,7 @@ __global__ void __launch_bounds__(256) quant_probe_kernel(const float* x, uint8_
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 gpuError_t StoreLaunch<kHeadDim, kFmt, kIn>::run(const StoreKernelArgs& args, gpuStream_t stream) {
   if (args.rows <= 0) return gpuSuccess;
-  constexpr int64_t kRowsPerBlock = int64_t{store::kWarpsPerBlock} * store::kRowsPerWarp;
-  const int64_t blocks = (args.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t blocks = (args.rows + store::kWarpsPerBlock - 1) / store::kWarpsPerBlock;
 #if !FC_GPU_HIP && FC_ENABLE_PDL  // CUDA sm_90+: a programmatic dependent of the previous kernel
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(static_cast<unsigned>(blocks));
