@@ -1120,28 +1120,7 @@ struct Kernel {
     hipLaunchKernelGGL(fn, dim3(grid), dim3(threads), 0, stream, args);
     return hipGetLastError();
 #else
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(threads);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attrs[2];
-    unsigned n = 0;
-    if (cluster > 1) {
-      attrs[n].id = cudaLaunchAttributeClusterDimension;
-      attrs[n].val.clusterDim.x = static_cast<unsigned>(cluster);
-      attrs[n].val.clusterDim.y = 1;
-      attrs[n].val.clusterDim.z = 1;
-      ++n;
-    }
-    if (pdl) {
-      attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      attrs[n].val.programmaticStreamSerializationAllowed = 1;
-      ++n;
-    }
-    cfg.attrs = attrs;
-    cfg.numAttrs = n;
-    return cudaLaunchKernelEx(&cfg, fn, args);
+    return gpu_launch_ex(fn, grid, threads, cluster, pdl, stream, args);
 #endif
   }
 

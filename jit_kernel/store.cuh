@@ -581,16 +581,8 @@ gpuError_t StoreLaunch<kHeadDim, kFmt, kIn>::run(const StoreKernelArgs& args, gp
   if (args.rows <= 0) return gpuSuccess;
   const int64_t blocks = (args.rows + store::kWarpsPerBlock - 1) / store::kWarpsPerBlock;
 #if !FC_GPU_HIP && FC_ENABLE_PDL  // CUDA sm_90+: a programmatic dependent of the previous kernel
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(static_cast<unsigned>(store::kBlockThreads));
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, store::store_kernel<kHeadDim, kFmt, kIn>, args);
+  return gpu_launch_ex(store::store_kernel<kHeadDim, kFmt, kIn>, static_cast<unsigned>(blocks),
+                       static_cast<unsigned>(store::kBlockThreads), 1, true, stream, args);
 #else
   store::store_kernel<kHeadDim, kFmt, kIn>
       <<<static_cast<unsigned>(blocks), static_cast<unsigned>(store::kBlockThreads), 0, stream>>>(args);
