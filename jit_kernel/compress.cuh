@@ -249,6 +249,10 @@ struct Cfg {
   static constexpr int kMinBlocks = kThreads >= 512 ? 2 : (kRatio == 4 ? (kDecode ? 4 : 6) : 1);
 #endif
   static constexpr bool kCluster = kCSplit > 1 && kStoreRows;
+  // Programmatic dependent launch: C4 decode (its grid fills every block slot) lets the next
+  // kernel launch right after its wait; C128 / online decode and prefill once a block is done
+  // (gpu_runtime.h; session 10's A/B in benchmarks/RESULTS.md).
+  static constexpr bool kPdlEarly = kDecode && kRatio == 4;
   // Combining the splits: kLanes consecutive threads per channel, each merging kSplit / kLanes
   // partials, then a butterfly over the kLanes lanes.
   static constexpr int kLanes = kSplit == 1 ? 1 : kTeamThreads / kChans;
@@ -917,7 +921,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   if constexpr (C::kCluster) cluster_entry<C>(sm);
   // Launched as a programmatic dependent (sm_90): the launch and the prologue above overlap the
   // previous kernel; no global memory is touched before the wait.
-  pdl_enter();
+  pdl_enter<C::kPdlEarly>();
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
@@ -980,7 +984,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       zero_out_row<C>(a, b, u, rank);
     }
   }
-  pdl_leave();
+  pdl_leave<C::kPdlEarly>();
 }
 
 // Prefill pass 1 (and the online write list, Pass::kOnlineWrite): one team per plan row.

@@ -130,22 +130,29 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 #endif
 }
 
-// When a kernel lets the next one launch: 1 = right after its wait (pdl_enter), 0 = once a
-// block has done its work (pdl_leave). An A/B knob (scripts/ab_bench.sh -D; benchmarks/RESULTS.md,
-// session 10: neither wins everywhere).
+// When a kernel lets the next one launch: right after its wait (kEarly: pdl_enter) or once a
+// block has done its work (pdl_leave). Each kernel chooses (benchmarks/RESULTS.md, session 10:
+// early wins where the grid fills every block slot, the standalone store and C4 decode; late
+// wins for online C128 decode, whose 512-block grid leaves slots to the next launch's blocks,
+// which then wait there). FC_PDL_TRIGGER_AT_ENTRY (an A/B knob, scripts/ab_bench.sh -D): -1 each
+// kernel's choice, 0 / 1 late / early everywhere.
 #ifndef FC_PDL_TRIGGER_AT_ENTRY
-#define FC_PDL_TRIGGER_AT_ENTRY 0
+#define FC_PDL_TRIGGER_AT_ENTRY -1
 #endif
+template <bool kEarly>
+inline constexpr bool kPdlEarly = FC_PDL_TRIGGER_AT_ENTRY < 0 ? kEarly : FC_PDL_TRIGGER_AT_ENTRY != 0;
 
 // The start of a programmatic dependent: wait for the previous kernel (then maybe trigger).
+template <bool kEarly>
 __device__ __forceinline__ void pdl_enter() {
   pdl_wait();
-  if (FC_PDL_TRIGGER_AT_ENTRY) pdl_launch_dependents();
+  if constexpr (kPdlEarly<kEarly>) pdl_launch_dependents();
 }
 
 // A block's work is done: the next kernel may launch (its prologue overlaps this grid's tail).
+template <bool kEarly>
 __device__ __forceinline__ void pdl_leave() {
-  if (!FC_PDL_TRIGGER_AT_ENTRY) pdl_launch_dependents();
+  if constexpr (!kPdlEarly<kEarly>) pdl_launch_dependents();
 }
 #endif
 

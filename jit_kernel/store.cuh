@@ -48,7 +48,7 @@
 //   only for stored rows -- out_loc, the weight and the RoPE row, and calls store_row. Skipped
 //   rows write nothing. Launch on the caller's stream, no host synchronisation, graph-capturable;
 //   on SM90 (FC_ENABLE_PDL, cudaLaunchKernelEx) a programmatic dependent of the stream's previous
-//   kernel (pdl_enter before the first load, pdl_leave after the row).
+//   kernel: it waits before its first load and lets the next kernel launch right after the wait.
 //
 // Host emulation (tests/native/store_host_emulator.cu): with FC_STORE_HOST_EMULATION defined the
 // row functions are __host__ __device__ and the host pass exchanges lane values through
@@ -549,10 +549,12 @@ template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 __global__ void __launch_bounds__(kBlockThreads, kStoreMinBlocks<kHeadDim>) store_kernel(const StoreKernelArgs args) {
   const int lane = static_cast<int>(threadIdx.x) & (kWarpLanes - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x / kWarpLanes);
-  pdl_enter();  // a programmatic dependent of the previous kernel (sm_90): nothing read before
+  // A programmatic dependent of the previous kernel (sm_90): nothing read before the wait; the
+  // grid fills every block slot, so the next kernel may launch at once (gpu_runtime.h).
+  pdl_enter<true>();
   if (row >= args.rows) return;  // whole warps only
   store_plan_row<kHeadDim, kFmt, kIn>(args, row, lane);
-  pdl_leave();
+  pdl_leave<true>();
 }
 
 // Thread t encodes x[4t .. 4t+3] (n % 4 == 0): the device path of every encoder.
