@@ -466,7 +466,16 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
         in_kv[k] = load_vec<TIn, 4>(in_row + kc);
         in_sc[k] = load_vec<TIn, 4>(in_row + sc);
       }
-      if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(bias_e0 + (C::kOnlineDecode ? 0 : j * C::H));
+      if (!C::kStageApe && kind[k] != 0) bias[k] = load_vec<TIn, 4>(bias_e0 + (C::kOnlineDecode ? 0 : j * C::H));
+    }
+    if constexpr (C::kStageApe) {
+      // Staged in shared memory by this thread, possibly with this row (C4 decode): wait once
+      // the window loads are in flight.
+      async_wait<0>();
+#pragma unroll
+      for (int k = 0; k < B; ++k) {
+        if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(bias_e0 + (b0 + k) * C::H);
+      }
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -591,20 +600,54 @@ struct RowTarget {
   int64_t state_slot;   // online: slot that receives the state (-1: none)
 };
 
-// Finish channel c of a row from its combined softmax state: merge an online prior, then store
-// the state back (online rows that do not emit), hand the value to the store epilogue, or write
-// it to `out`.
+// An online row's prior state (RowTarget::merge_slot) for the kN consecutive channels from c0
+// that this thread finishes (unset when the row merges with nothing).
+template <int kN>
+struct Prior {
+  float m[kN], s[kN], k[kN];
+};
+
+template <class C, int kN>
+__device__ __forceinline__ Prior<kN> load_prior(const RowTarget& t, const CompressArgs& a, int c0) {
+  Prior<kN> p{};
+  if constexpr (C::kOnline) {
+    using TState = typename C::TState;
+    constexpr int H = C::H;
+    if (t.merge_slot >= 0) {
+      const TState* src = static_cast<const TState*>(a.state) + t.merge_slot * C::kStateWidth + c0;
+      if constexpr (kN == 4) {
+        const Vec<TState, 4> m = load_vec<TState, 4>(src), s = load_vec<TState, 4>(src + H),
+                             k = load_vec<TState, 4>(src + 2 * H);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          p.m[i] = to_float(m.v[i]);
+          p.s[i] = to_float(s.v[i]);
+          p.k[i] = to_float(k.v[i]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < kN; ++i) {
+          p.m[i] = to_float(src[i]);
+          p.s[i] = to_float(src[H + i]);
+          p.k[i] = to_float(src[2 * H + i]);
+        }
+      }
+    }
+  }
+  return p;
+}
+
+// Finish channel c of a row from its combined softmax state: merge an online prior (m1, s1, k1:
+// load_prior), then store the state back (online rows that do not emit), hand the value to the
+// store epilogue, or write it to `out`.
 template <class C>
 __device__ __forceinline__ void finish_channel(const RowTarget& t, const CompressArgs& a, float* row,
-                                               int c, Acc acc) {
+                                               int c, Acc acc, float m1, float s1, float k1) {
   using TState = typename C::TState;
   constexpr int H = C::H;
   float M = acc.m, S = acc.s, K = acc.n / acc.s;
   if constexpr (C::kOnline) {
     if (t.merge_slot >= 0) {
-      const TState* prior = static_cast<const TState*>(a.state) + t.merge_slot * C::kStateWidth;
-      const float m1 = to_float(prior[c]), s1 = to_float(prior[H + c]);
-      const float k1 = to_float(prior[2 * H + c]);
       const float m = fmaxf(m1, M);
       const float ra = s1 * expf(m1 - m), rb = S * expf(M - m);
       const float s = ra + rb;
@@ -619,6 +662,10 @@ __device__ __forceinline__ void finish_channel(const RowTarget& t, const Compres
       dst[2 * H + c] = from_float<TState>(K);
       return;
     }
+  } else {
+    (void)m1;
+    (void)s1;
+    (void)k1;
   }
   if constexpr (C::kStoreRows) {
     row[c] = to_float(from_float<typename C::TOut>(K));
@@ -641,13 +688,19 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   // Phase 1: each (split, vector) thread pools its entries for 4 channels.
   const int v = u % C::kVecs, split = C::kSplit == 1 ? 0 : u / C::kVecs;
   Acc acc[4] = {acc_empty(), acc_empty(), acc_empty(), acc_empty()};
-  pool_entries<C>(w, split * C::kPerSplit, chan0 + 4 * v, state, input, ape, acc);
 
   if constexpr (C::kSplit == 1) {
-    // The thread holds every entry of its channels: finish them directly.
+    // The thread holds every entry of its channels: finish them directly. An online prior is
+    // loaded with the window (online decode: one entry, so the prior would otherwise cost a
+    // second round trip per row).
+    const Prior<4> prior = load_prior<C, 4>(t, a, chan0 + 4 * v);
+    pool_entries<C>(w, 0, chan0 + 4 * v, state, input, ape, acc);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) finish_channel<C>(t, a, row, chan0 + 4 * v + i, acc[i]);
+    for (int i = 0; i < 4; ++i) {
+      finish_channel<C>(t, a, row, chan0 + 4 * v + i, acc[i], prior.m[i], prior.s[i], prior.k[i]);
+    }
   } else {
+    pool_entries<C>(w, split * C::kPerSplit, chan0 + 4 * v, state, input, ape, acc);
     // Phase 2: kLanes threads per channel merge the partials of the splits, then a butterfly.
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -678,7 +731,10 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
                   shfl_xor(r.n, mask, C::kLanes)};
       r = acc_merge<C::kFastExp>(r, o);
     }
-    if (lane == 0) finish_channel<C>(t, a, row, chan0 + k, r);
+    if (lane == 0) {  // an online prior: loaded here (64 registers; a prefill row merges at most once)
+      const Prior<1> prior = load_prior<C, 1>(t, a, chan0 + k);
+      finish_channel<C>(t, a, row, chan0 + k, r, prior.m[0], prior.s[0], prior.k[0]);
+    }
     if constexpr (C::kDecode) team_sync<C>();  // the team's next decode row reuses the partials
   }
 }
@@ -862,9 +918,10 @@ __device__ __forceinline__ void copy_rows_share(const CompressArgs& a, int64_t f
   }
 }
 
-// Row-independent staging, once per kernel: C4 decode's bias rows of the thread's channels (the
+// Row-independent staging, once per team: C4 decode's bias rows of the thread's channels (the
 // only ones pool_entries reads), and the store's weight blocks of a one-block store (warp 0 of
-// the team: the lanes that store).
+// the team: the lanes that store). Decode stages them with the team's first closing request
+// (most decode teams close none: a 16 KB bias copy per block they would not read).
 template <class C>
 __device__ __forceinline__ void stage_invariants(const CompressArgs& a, Smem<C>& sm, int team, int u) {
   using TIn = typename C::TIn;
@@ -898,12 +955,24 @@ __device__ __forceinline__ void stage_row_rope(const CompressArgs& a, Smem<C>& s
 // Kernels
 // ------------------------------------------------------------------------------------------
 
+// Decode stages the row-independent operands with the team's first closing request (1) or at
+// the start (0; an A/B knob, scripts/ab_bench.sh -D).
+#ifndef FC_DECODE_LAZY_STAGE
+#define FC_DECODE_LAZY_STAGE 1
+#endif
+
 template <class C>
 __device__ __forceinline__ void block_coords(int& rank, int64_t& group, int& team, int& u) {
   rank = static_cast<int>(blockIdx.x % C::kCSplit);
   group = blockIdx.x / C::kCSplit;
   team = static_cast<int>(threadIdx.x) / C::kTeamThreads;
   u = static_cast<int>(threadIdx.x) % C::kTeamThreads;
+}
+
+// One field from each 32-byte span of CompressArgs (pdl_warm_params).
+__device__ __forceinline__ uint64_t warm_fold(const CompressArgs& a) {
+  return fold_params(a.state, a.plan, a.out_loc, a.state_rows, a.is_decode, a.store.norm_weight_bf16,
+                     a.store.freq_rows);
 }
 
 // Decode: a team handles requests [first, first + a.reqs_per_team), one after the other. C128
@@ -921,12 +990,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   if constexpr (C::kCluster) cluster_entry<C>(sm);
   // Launched as a programmatic dependent (sm_90): the launch and the prologue above overlap the
   // previous kernel; no global memory is touched before the wait.
+  pdl_warm_params(warm_fold(a));
   pdl_enter<C::kPdlEarly>();
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
-  stage_invariants<C>(a, sm, team, u);
-  async_commit();
+  bool staged = !FC_DECODE_LAZY_STAGE;      // stage_invariants done (uniform across the team)
+  if (staged) stage_invariants<C>(a, sm, team, u);
   copy_rows_share<C>(a, first, last, u, rank);
   int row_count = 0;                         // rows the team has stored
   bool entry_pending = C::kCluster;
@@ -965,7 +1035,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       w.self_in = b;
     }
     t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
-    if (t.emit) stage_row_rope<C>(a, sm, team, u, t.position);
+    if (t.emit) {
+      if (!staged) stage_invariants<C>(a, sm, team, u);
+      staged = true;
+      stage_row_rope<C>(a, sm, team, u, t.position);
+    }
     async_commit();
     if (!C::kOnline && !t.emit) {  // only the copy: nothing pooled, nothing stored
       async_wait<0>();
@@ -973,7 +1047,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
       continue;
     }
-    async_wait<1>();  // the row-independent stage (the bias) has landed; this row's may fly on
+    // The row's stages fly on (the bias, staged at the team's first closing request, is waited
+    // for inside pool_entries, after the window loads are issued).
+    async_wait<1>();
     pool_row<C>(w, t, a, sm, team, u, rank);
     async_wait<0>();
     write_copy<C>(a, sm, team, u, rank, p.write_loc);
@@ -998,7 +1074,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   constexpr bool kWriteList = C::kPass == Pass::kOnlineWrite;
   // Pass 1 is a programmatic dependent of the previous kernel; it lets pass 2 launch at its end
   // only (pass 2 reads its input before its own wait).
-  if constexpr (!kWriteList) pdl_wait();
+  if constexpr (!kWriteList) {
+    pdl_warm_params(warm_fold(a));
+    pdl_wait();
+  }
   const int64_t k = group * C::kTeams + team;
   const int64_t rows = kWriteList ? a.rows_w : a.rows;
   if (k >= rows) return;  // uniform across the team and the cluster

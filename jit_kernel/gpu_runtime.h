@@ -149,6 +149,33 @@ __device__ __forceinline__ void pdl_enter() {
   if constexpr (kPdlEarly<kEarly>) pdl_launch_dependents();
 }
 
+// Before a programmatic dependent's wait: read kernel parameters (one value from each 32-byte
+// span of the parameter block, folded by the caller) so that their constant-cache misses overlap
+// the previous kernel instead of delaying the first load after the wait (session 11's ncu: 9-11%
+// of the stall samples of decode kernels were such misses right after the wait). Lane 0 of each
+// warp stores the folded value to a shared sink, an instruction ptxas keeps. An A/B knob:
+// FC_PDL_WARM_PARAMS 0 leaves it out.
+#ifndef FC_PDL_WARM_PARAMS
+#define FC_PDL_WARM_PARAMS 1
+#endif
+__device__ __forceinline__ void pdl_warm_params(uint64_t folded) {
+#if FC_PDL_WARM_PARAMS && !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ uint64_t sink;
+  if ((threadIdx.x & 31) == 0) {
+    asm volatile("st.shared.u64 [%0], %1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(&sink))),
+                 "l"(folded));
+  }
+#else
+  (void)folded;
+#endif
+}
+
+// Fold values of any integer or pointer type for pdl_warm_params.
+template <class... T>
+__device__ __forceinline__ uint64_t fold_params(T... v) {
+  return (uint64_t{0} ^ ... ^ (uint64_t)(v));
+}
+
 // A block's work is done: the next kernel may launch (its prologue overlaps this grid's tail).
 template <bool kEarly>
 __device__ __forceinline__ void pdl_leave() {

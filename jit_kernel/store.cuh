@@ -551,6 +551,8 @@ __global__ void __launch_bounds__(kBlockThreads, kStoreMinBlocks<kHeadDim>) stor
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x / kWarpLanes);
   // A programmatic dependent of the previous kernel (sm_90): nothing read before the wait; the
   // grid fills every block slot, so the next kernel may launch at once (gpu_runtime.h).
+  // One field from each 32-byte span of the parameters (gpu_runtime.h).
+  pdl_warm_params(fold_params(args.kv, args.rows, args.store.norm_weight_bf16, args.store.freq_rows));
   pdl_enter<true>();
   if (row >= args.rows) return;  // whole warps only
   store_plan_row<kHeadDim, kFmt, kIn>(args, row, lane);
