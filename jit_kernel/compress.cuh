@@ -466,16 +466,7 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
         in_kv[k] = load_vec<TIn, 4>(in_row + kc);
         in_sc[k] = load_vec<TIn, 4>(in_row + sc);
       }
-      if (!C::kStageApe && kind[k] != 0) bias[k] = load_vec<TIn, 4>(bias_e0 + (C::kOnlineDecode ? 0 : j * C::H));
-    }
-    if constexpr (C::kStageApe) {
-      // Staged in shared memory by this thread, possibly with this row (C4 decode): wait once
-      // the window loads are in flight.
-      async_wait<0>();
-#pragma unroll
-      for (int k = 0; k < B; ++k) {
-        if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(bias_e0 + (b0 + k) * C::H);
-      }
+      if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(bias_e0 + (C::kOnlineDecode ? 0 : j * C::H));
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -637,41 +628,79 @@ __device__ __forceinline__ Prior<kN> load_prior(const RowTarget& t, const Compre
   return p;
 }
 
-// Finish channel c of a row from its combined softmax state: merge an online prior (m1, s1, k1:
-// load_prior), then store the state back (online rows that do not emit), hand the value to the
-// store epilogue, or write it to `out`.
+// A channel's final running state: merged with the online prior (m1, s1, k1: load_prior) when
+// the row has one; k = the compressed value.
+struct Fin {
+  float m, s, k;
+};
+
 template <class C>
-__device__ __forceinline__ void finish_channel(const RowTarget& t, const CompressArgs& a, float* row,
-                                               int c, Acc acc, float m1, float s1, float k1) {
-  using TState = typename C::TState;
-  constexpr int H = C::H;
-  float M = acc.m, S = acc.s, K = acc.n / acc.s;
+__device__ __forceinline__ Fin merge_channel(const RowTarget& t, Acc acc, float m1, float s1, float k1) {
+  Fin f{acc.m, acc.s, acc.n / acc.s};
   if constexpr (C::kOnline) {
     if (t.merge_slot >= 0) {
-      const float m = fmaxf(m1, M);
-      const float ra = s1 * expf(m1 - m), rb = S * expf(M - m);
+      const float m = fmaxf(m1, f.m);
+      const float ra = s1 * expf(m1 - m), rb = f.s * expf(f.m - m);
       const float s = ra + rb;
-      K = (k1 * ra + K * rb) / s;
-      M = m;
-      S = s;
-    }
-    if (t.state_slot >= 0) {  // the row's state goes back to the pool instead of emitting
-      TState* dst = static_cast<TState*>(a.state) + t.state_slot * C::kStateWidth;
-      dst[c] = from_float<TState>(M);
-      dst[H + c] = from_float<TState>(S);
-      dst[2 * H + c] = from_float<TState>(K);
-      return;
+      f.k = (k1 * ra + f.k * rb) / s;
+      f.m = m;
+      f.s = s;
     }
   } else {
+    (void)t;
     (void)m1;
     (void)s1;
     (void)k1;
   }
+  return f;
+}
+
+// Hand a channel's value to the store epilogue (the row in shared memory), or write it to `out`.
+template <class C>
+__device__ __forceinline__ void emit_channel(const RowTarget& t, const CompressArgs& a, float* row, int c, float k) {
   if constexpr (C::kStoreRows) {
-    row[c] = to_float(from_float<typename C::TOut>(K));
+    row[c] = to_float(from_float<typename C::TOut>(k));
   } else if constexpr (C::kPass != Pass::kOnlineWrite) {
-    static_cast<typename C::TOut*>(a.out)[t.out_row * H + c] = from_float<typename C::TOut>(K);
+    static_cast<typename C::TOut*>(a.out)[t.out_row * C::H + c] = from_float<typename C::TOut>(k);
   }
+}
+
+// Finish kN consecutive channels from c: merge, then store the running state back (online rows
+// that do not emit: one vector store per part with kN = 4) or emit the values.
+template <class C, int kN>
+__device__ __forceinline__ void finish_channels(const RowTarget& t, const CompressArgs& a, float* row, int c,
+                                                const Acc (&acc)[kN], const Prior<kN>& prior) {
+  using TState = typename C::TState;
+  Fin f[kN];
+#pragma unroll
+  for (int i = 0; i < kN; ++i) f[i] = merge_channel<C>(t, acc[i], prior.m[i], prior.s[i], prior.k[i]);
+  if constexpr (C::kOnline) {
+    if (t.state_slot >= 0) {  // the row's state goes back to the pool instead of emitting
+      TState* dst = static_cast<TState*>(a.state) + t.state_slot * C::kStateWidth + c;
+      if constexpr (kN == 4) {
+        Vec<TState, 4> m, s, k;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          m.v[i] = from_float<TState>(f[i].m);
+          s.v[i] = from_float<TState>(f[i].s);
+          k.v[i] = from_float<TState>(f[i].k);
+        }
+        store_vec<TState, 4>(dst, m);
+        store_vec<TState, 4>(dst + C::H, s);
+        store_vec<TState, 4>(dst + 2 * C::H, k);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kN; ++i) {
+          dst[i] = from_float<TState>(f[i].m);
+          dst[C::H + i] = from_float<TState>(f[i].s);
+          dst[2 * C::H + i] = from_float<TState>(f[i].k);
+        }
+      }
+      return;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kN; ++i) emit_channel<C>(t, a, row, c + i, f[i].k);
 }
 
 template <class C>
@@ -695,10 +724,7 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
     // second round trip per row).
     const Prior<4> prior = load_prior<C, 4>(t, a, chan0 + 4 * v);
     pool_entries<C>(w, 0, chan0 + 4 * v, state, input, ape, acc);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      finish_channel<C>(t, a, row, chan0 + 4 * v + i, acc[i], prior.m[i], prior.s[i], prior.k[i]);
-    }
+    finish_channels<C, 4>(t, a, row, chan0 + 4 * v, acc, prior);
   } else {
     pool_entries<C>(w, split * C::kPerSplit, chan0 + 4 * v, state, input, ape, acc);
     // Phase 2: kLanes threads per channel merge the partials of the splits, then a butterfly.
@@ -732,8 +758,8 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
       r = acc_merge<C::kFastExp>(r, o);
     }
     if (lane == 0) {  // an online prior: loaded here (64 registers; a prefill row merges at most once)
-      const Prior<1> prior = load_prior<C, 1>(t, a, chan0 + k);
-      finish_channel<C>(t, a, row, chan0 + k, r, prior.m[0], prior.s[0], prior.k[0]);
+      const Acc fin[1] = {r};
+      finish_channels<C, 1>(t, a, row, chan0 + k, fin, load_prior<C, 1>(t, a, chan0 + k));
     }
     if constexpr (C::kDecode) team_sync<C>();  // the team's next decode row reuses the partials
   }
@@ -918,10 +944,9 @@ __device__ __forceinline__ void copy_rows_share(const CompressArgs& a, int64_t f
   }
 }
 
-// Row-independent staging, once per team: C4 decode's bias rows of the thread's channels (the
+// Row-independent staging, once per kernel: C4 decode's bias rows of the thread's channels (the
 // only ones pool_entries reads), and the store's weight blocks of a one-block store (warp 0 of
-// the team: the lanes that store). Decode stages them with the team's first closing request
-// (most decode teams close none: a 16 KB bias copy per block they would not read).
+// the team: the lanes that store).
 template <class C>
 __device__ __forceinline__ void stage_invariants(const CompressArgs& a, Smem<C>& sm, int team, int u) {
   using TIn = typename C::TIn;
@@ -954,12 +979,6 @@ __device__ __forceinline__ void stage_row_rope(const CompressArgs& a, Smem<C>& s
 // ------------------------------------------------------------------------------------------
 // Kernels
 // ------------------------------------------------------------------------------------------
-
-// Decode stages the row-independent operands with the team's first closing request (1) or at
-// the start (0; an A/B knob, scripts/ab_bench.sh -D).
-#ifndef FC_DECODE_LAZY_STAGE
-#define FC_DECODE_LAZY_STAGE 1
-#endif
 
 template <class C>
 __device__ __forceinline__ void block_coords(int& rank, int64_t& group, int& team, int& u) {
@@ -995,8 +1014,8 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
-  bool staged = !FC_DECODE_LAZY_STAGE;      // stage_invariants done (uniform across the team)
-  if (staged) stage_invariants<C>(a, sm, team, u);
+  stage_invariants<C>(a, sm, team, u);
+  async_commit();
   copy_rows_share<C>(a, first, last, u, rank);
   int row_count = 0;                         // rows the team has stored
   bool entry_pending = C::kCluster;
@@ -1035,11 +1054,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       w.self_in = b;
     }
     t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
-    if (t.emit) {
-      if (!staged) stage_invariants<C>(a, sm, team, u);
-      staged = true;
-      stage_row_rope<C>(a, sm, team, u, t.position);
-    }
+    if (t.emit) stage_row_rope<C>(a, sm, team, u, t.position);
     async_commit();
     if (!C::kOnline && !t.emit) {  // only the copy: nothing pooled, nothing stored
       async_wait<0>();
@@ -1047,9 +1062,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
       continue;
     }
-    // The row's stages fly on (the bias, staged at the team's first closing request, is waited
-    // for inside pool_entries, after the window loads are issued).
-    async_wait<1>();
+    async_wait<1>();  // the row-independent stage (the bias) has landed; this row's may fly on
     pool_row<C>(w, t, a, sm, team, u, rank);
     async_wait<0>();
     write_copy<C>(a, sm, team, u, rank, p.write_loc);
