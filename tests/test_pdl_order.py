@@ -1,4 +1,5 @@
-"""Programmatic dependent launch: no global-memory access before the wait (CPU, needs nvcc).
+"""Programmatic dependent launch: no global-memory access before the wait, and where each kernel
+triggers its dependents (CPU, needs nvcc).
 
 On SM90 the decode kernel, prefill pass 1 and the standalone store kernel are launched as
 programmatic dependents of the stream's previous kernel (jit_kernel/gpu_runtime.h): they may run
@@ -9,6 +10,8 @@ This test compiles variants to PTX for sm_90a and checks that order in each kern
 device function is inlined, so a kernel's PTX follows its program order). The two write passes of
 prefill (``write_kernel``, the online write list) read their input before their wait by design:
 they are dependents of pass 1, which triggers them only at its end, after its own wait.
+A second test checks each kernel's trigger position: right after the wait (before any global
+access) in the standalone store and C4 decode, after the block's first global access elsewhere.
 """
 
 from __future__ import annotations
@@ -91,6 +94,38 @@ def test_no_global_access_before_the_wait(tmp_path, family, params) -> None:
         trigger = body.find(_TRIGGER)
         assert trigger < 0 or trigger > wait, f"{names[mangled]}: {_TRIGGER} before {_WAIT}"
     assert checked >= (1 if family == "store" else 2), f"dependent kernels checked: {checked}"
+
+
+def _triggers_early(demangled: str) -> bool:
+    """The kernels that let their dependents launch right after their wait (gpu_runtime.h,
+    pdl_enter<true>): grids that fill every block slot, the store and C4 decode."""
+    return "store_kernel" in demangled or bool(re.search(r"decode_kernel<(?:flashcompress::)?(?:compress::)?Cfg<4,", demangled))
+
+
+@pytest.mark.parametrize("family,params", VARIANTS, ids=[f"{f}-{'-'.join(str(v) for v in p.values())}" for f, p in VARIANTS])
+def test_trigger_position_per_kernel(tmp_path, family, params) -> None:
+    """Early kernels trigger before their first global-memory access; the others only after it
+    (once a block's work is done)."""
+    ptx = _ptx(family, params, tmp_path)
+    bodies = _entries(ptx)
+    names = ptxas_report.demangle(list(bodies))
+    seen = set()
+    for mangled, body in bodies.items():
+        name = names[mangled]
+        if not _is_dependent(name):
+            continue
+        trigger = body.find(_TRIGGER)
+        assert trigger >= 0, f"{name}: no {_TRIGGER}"
+        first = _GLOBAL.search(body, body.find(_WAIT))
+        assert first is not None, f"{name}: no global-memory access after the wait"
+        early = _triggers_early(name)
+        seen.add(early)
+        if early:
+            assert trigger < first.start(), f"{name}: expected {_TRIGGER} right after the wait"
+        else:
+            assert trigger > first.start(), f"{name}: expected {_TRIGGER} after the block's work"
+    expected = {True} if family == "store" else {params["ratio"] == 4, False}
+    assert seen == expected, f"kernels checked (early?): {seen}"
 
 
 def test_the_check_catches_an_early_access() -> None:
