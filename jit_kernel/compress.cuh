@@ -63,9 +63,12 @@
 // griddepcontrol.wait before its first store, because ring rows alias and every read of pass 1
 // must complete before a write of pass 2 lands (the two passes share rows).
 // The decode kernel and pass 1 are programmatic dependents of whatever kernel precedes them in
-// the stream (SM90): they set up shared memory (and the cluster), wait for the previous kernel
-// before their first global-memory access, and let the next kernel launch once a block has done
-// its work (gpu_runtime.h).
+// the stream (SM90): they set up shared memory (and the cluster), read their parameters, wait
+// for the previous kernel before their first global-memory access, and let the next kernel
+// launch right after the wait (C4 decode) or once a block has done its work (Cfg::kPdlEarly,
+// gpu_runtime.h).
+// Online decode loads the slot's prior state (load_prior) with the window and writes the running
+// state back by vector stores (finish_channels).
 //
 // Store epilogue (store_pooled_row): the team writes its rounded row (slice) to shared memory.
 // One block per row: its operands were staged by cp.async while the row was pooled (the weight
