@@ -609,22 +609,13 @@ __device__ __forceinline__ Prior<kN> load_prior(const RowTarget& t, const Compre
     constexpr int H = C::H;
     if (t.merge_slot >= 0) {
       const TState* src = static_cast<const TState*>(a.state) + t.merge_slot * C::kStateWidth + c0;
-      if constexpr (kN == 4) {
-        const Vec<TState, 4> m = load_vec<TState, 4>(src), s = load_vec<TState, 4>(src + H),
-                             k = load_vec<TState, 4>(src + 2 * H);
+      const Vec<TState, kN> m = load_vec<TState, kN>(src), s = load_vec<TState, kN>(src + H),
+                            k = load_vec<TState, kN>(src + 2 * H);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          p.m[i] = to_float(m.v[i]);
-          p.s[i] = to_float(s.v[i]);
-          p.k[i] = to_float(k.v[i]);
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < kN; ++i) {
-          p.m[i] = to_float(src[i]);
-          p.s[i] = to_float(src[H + i]);
-          p.k[i] = to_float(src[2 * H + i]);
-        }
+      for (int i = 0; i < kN; ++i) {
+        p.m[i] = to_float(m.v[i]);
+        p.s[i] = to_float(s.v[i]);
+        p.k[i] = to_float(k.v[i]);
       }
     }
   }
@@ -669,7 +660,7 @@ __device__ __forceinline__ void emit_channel(const RowTarget& t, const CompressA
 }
 
 // Finish kN consecutive channels from c: merge, then store the running state back (online rows
-// that do not emit: one vector store per part with kN = 4) or emit the values.
+// that do not emit: one kN-wide store per part) or emit the values.
 template <class C, int kN>
 __device__ __forceinline__ void finish_channels(const RowTarget& t, const CompressArgs& a, float* row, int c,
                                                 const Acc (&acc)[kN], const Prior<kN>& prior) {
@@ -680,25 +671,16 @@ __device__ __forceinline__ void finish_channels(const RowTarget& t, const Compre
   if constexpr (C::kOnline) {
     if (t.state_slot >= 0) {  // the row's state goes back to the pool instead of emitting
       TState* dst = static_cast<TState*>(a.state) + t.state_slot * C::kStateWidth + c;
-      if constexpr (kN == 4) {
-        Vec<TState, 4> m, s, k;
+      Vec<TState, kN> m, s, k;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          m.v[i] = from_float<TState>(f[i].m);
-          s.v[i] = from_float<TState>(f[i].s);
-          k.v[i] = from_float<TState>(f[i].k);
-        }
-        store_vec<TState, 4>(dst, m);
-        store_vec<TState, 4>(dst + C::H, s);
-        store_vec<TState, 4>(dst + 2 * C::H, k);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kN; ++i) {
-          dst[i] = from_float<TState>(f[i].m);
-          dst[C::H + i] = from_float<TState>(f[i].s);
-          dst[2 * C::H + i] = from_float<TState>(f[i].k);
-        }
+      for (int i = 0; i < kN; ++i) {
+        m.v[i] = from_float<TState>(f[i].m);
+        s.v[i] = from_float<TState>(f[i].s);
+        k.v[i] = from_float<TState>(f[i].k);
       }
+      store_vec<TState, kN>(dst, m);
+      store_vec<TState, kN>(dst + C::H, s);
+      store_vec<TState, kN>(dst + 2 * C::H, k);
       return;
     }
   }

@@ -142,13 +142,6 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 template <bool kEarly>
 inline constexpr bool kPdlEarly = FC_PDL_TRIGGER_AT_ENTRY < 0 ? kEarly : FC_PDL_TRIGGER_AT_ENTRY != 0;
 
-// The start of a programmatic dependent: wait for the previous kernel (then maybe trigger).
-template <bool kEarly>
-__device__ __forceinline__ void pdl_enter() {
-  pdl_wait();
-  if constexpr (kPdlEarly<kEarly>) pdl_launch_dependents();
-}
-
 // Before a programmatic dependent's wait: read kernel parameters (one value from each 32-byte
 // span of the parameter block, folded by the caller) so that their constant-cache misses overlap
 // the previous kernel instead of delaying the first load after the wait (session 11's ncu: 9-11%
@@ -174,6 +167,13 @@ __device__ __forceinline__ void pdl_warm_params(uint64_t folded) {
 template <class... T>
 __device__ __forceinline__ uint64_t fold_params(T... v) {
   return (uint64_t{0} ^ ... ^ (uint64_t)(v));
+}
+
+// The start of a programmatic dependent: wait for the previous kernel (then maybe trigger).
+template <bool kEarly>
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  if constexpr (kPdlEarly<kEarly>) pdl_launch_dependents();
 }
 
 // A block's work is done: the next kernel may launch (its prologue overlaps this grid's tail).

@@ -549,9 +549,9 @@ template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 __global__ void __launch_bounds__(kBlockThreads, kStoreMinBlocks<kHeadDim>) store_kernel(const StoreKernelArgs args) {
   const int lane = static_cast<int>(threadIdx.x) & (kWarpLanes - 1);
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x / kWarpLanes);
-  // A programmatic dependent of the previous kernel (sm_90): nothing read before the wait; the
-  // grid fills every block slot, so the next kernel may launch at once (gpu_runtime.h).
-  // One field from each 32-byte span of the parameters (gpu_runtime.h).
+  // A programmatic dependent of the previous kernel (sm_90): parameters read first (one field
+  // from each 32-byte span), nothing from global memory before the wait; the grid fills every
+  // block slot, so the next kernel may launch at once (gpu_runtime.h).
   pdl_warm_params(fold_params(args.kv, args.rows, args.store.norm_weight_bf16, args.store.freq_rows));
   pdl_enter<true>();
   if (row >= args.rows) return;  // whole warps only
