@@ -16,6 +16,8 @@
 //   out          [rows, H] TOut
 //   norm_weight  f32 [H]; freq f32 [T, 64]; out_loc i64 [L] (decode: L == rows)
 //   kvcache      u8 [pages, page_bytes(page_size)] (bf16: [rows, 1024 * page_size])
+//   state, input, ape, norm_weight, freq and kvcache start 16-byte aligned (vector accesses, bulk
+//   copies): a torch allocation is; a view at an odd offset raises ValueError.
 // Every check raises a named TypeError (dtype) or ValueError (anything else) before a launch;
 // device values are never read. Launches go on the caller's stream (TVMFFIEnvGetStream).
 #pragma once
@@ -68,6 +70,10 @@ struct CompressBinding {
     chk::check_tensor(state, "kv_score_buffer", dl_dtype(kState), {chk::kAnySize, kStateWidth}, dev);
     chk::check_tensor(input, "kv_score_input", dl_dtype(kIn), {chk::kAnySize, kInWidth}, dev);
     chk::check_tensor(ape, "ape", dl_dtype(kIn), {kApeRows, kHeadDim}, dev);
+    // Rows are read by 16-byte vectors and staged by bulk copies (C4 decode).
+    chk::check_aligned(state, "kv_score_buffer", 16);
+    chk::check_aligned(input, "kv_score_input", 16);
+    chk::check_aligned(ape, "ape", 16);
     chk::check_tensor(plan, "plan[1]", chk::kUInt8, {chk::kAnySize, 16}, dev);
     chk::check_aligned(plan, "plan[1]", 16);
     CompressArgs a{};
@@ -125,7 +131,9 @@ struct CompressBinding {
     CompressArgs a = common(state, input, ape, plan, plan_w, is_decode);
     const DLDevice dev = state.device();
     chk::check_tensor(norm_weight, "norm_weight", chk::kFloat32, {kHeadDim}, dev);
+    chk::check_aligned(norm_weight, "norm_weight", 16);
     chk::check_tensor(freq, "freq_cis", chk::kFloat32, {chk::kAnySize, 64}, dev);
+    chk::check_aligned(freq, "freq_cis", 16);
     chk::check_dtype(out_loc, "out_loc", chk::kInt64);
     chk::check_ndim(out_loc, "out_loc", 1);
     chk::check_contiguous(out_loc, "out_loc");
@@ -143,6 +151,7 @@ struct CompressBinding {
         << "page_size: expected a power of two, got " << page_size;
     chk::check_tensor(kvcache, "kvcache", chk::kUInt8, {chk::kAnySize, page_bytes(kFmt, page_size)},
                       dev);
+    chk::check_aligned(kvcache, "kvcache", 16);
     a.out_loc = static_cast<const int64_t*>(out_loc.data_ptr());
     a.store.norm_weight = static_cast<const float*>(norm_weight.data_ptr());
     a.store.freq = static_cast<const float*>(freq.data_ptr());

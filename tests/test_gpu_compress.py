@@ -253,58 +253,65 @@ def test_kernels_reproduce_golden(path: str) -> None:
 
 
 # ---------------------------------------------------------------------------
-# C128 decode batches where teams close many rows (whole-row rounds + slices)
+# Decode batches where teams run many requests and close many rows
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("closing,B", [("all", 700), ("most", 700), ("quarter", 2600)])
-def test_c128_decode_many_closing_rows(closing: str, B: int) -> None:
-    """Large C128 decode batches: each team (a cluster when storing) runs a long run of requests,
-    closing ones among them (decode_kernel; about 30 teams on an H200, so B = 2600 gives runs of
-    ~80 requests). Against the PyTorch backend on CPU copies (out and state), then the fused
-    launch against the two-step GPU path (V4 and bf16 caches: same bytes, same state)."""
-    from flashcompress.layouts import BF16_ROWS, MAIN_V4
+@pytest.mark.parametrize("ratio,H,closing,B", [
+    (128, 512, "all", 700), (128, 512, "most", 700), (128, 512, "quarter", 2600),
+    (4, 512, "quarter", 2600), (4, 512, "all", 1200), (4, 128, "quarter", 5000)])
+def test_decode_many_closing_rows(ratio: int, H: int, closing: str, B: int) -> None:
+    """Large decode batches: each team (a cluster when a C128 row is stored) runs a long run of
+    requests, closing ones among them (decode_kernel; about 30 C128 teams, 528 C4 head-512 teams
+    and 2112 C4 head-128 teams on an H200, so these batches give runs of 2-80 requests: C4's copy
+    and bias stages are reused from request to request). Against the PyTorch backend on CPU
+    copies (out and state), then the fused launch against the two-step GPU path (both formats of
+    the head dim: same bytes, same state)."""
+    from flashcompress.layouts import select_cache_format
     from flashcompress.testing.oracle import deepseek_v4_freq_cis
 
-    H = 512
-    state, r2t, f2s, ring = _decode_world(128, B, H, False, seed=3)
+    state, r2t, f2s, ring = _decode_world(ratio, B, H, False, seed=3)
     g = torch.Generator(device="cuda").manual_seed(4)
-    ape = torch.randn((128, H), generator=g, device="cuda")
-    x = torch.randn((B, 2 * H), generator=g, device="cuda")
-    k = torch.randint(2, 30, (B,), generator=g, device="cuda")  # positions < 4096 (the world's table)
-    seq = 128 * k  # every request closes a window ...
+    W = 8 if ratio == 4 else 128
+    ape = torch.randn((W, H), generator=g, device="cuda")
+    x = torch.randn((B, (4 if ratio == 4 else 2) * H), generator=g, device="cuda")
+    k = torch.randint(2, 4096 // ratio - 2, (B,), generator=g, device="cuda")  # positions < 4096
+    seq = ratio * k  # every request closes a window ...
     if closing != "all":  # ... or about 3 in 4 do, or 1 in 4
         moved = 0.25 if closing == "most" else 0.75
         seq = seq - (torch.rand((B,), generator=g, device="cuda") < moved).long() * torch.randint(
-            1, 127, (B,), generator=g, device="cuda")
+            1, ratio, (B,), generator=g, device="cuda")
     rids = torch.arange(1, B + 1, device="cuda")
-    plan = _decode_plan(128, False, rids, seq, r2t, f2s, ring)
-    n_close = int((seq % 128 == 0).sum())
+    plan = _decode_plan(ratio, False, rids, seq, r2t, f2s, ring)
+    n_close = int((seq % ratio == 0).sum())
     assert n_close >= {"all": B, "most": B // 2, "quarter": B // 8}[closing]
+    tag = f"c{ratio}-{H} decode B={B} {closing}"
 
     # compress_forward: GPU against the PyTorch backend (CPU copies)
     st_gpu, st_cpu = state.clone(), state.cpu()
-    out = flashcompress.compress_forward(st_gpu, x, ape, plan, head_dim=H, compress_ratio=128)
-    plan_cpu = type(plan)(128, plan[1].cpu(), is_online=False)
-    ref = flashcompress.compress_forward(st_cpu, x.cpu(), ape.cpu(), plan_cpu, head_dim=H, compress_ratio=128)
-    assert_out_parity(out.cpu(), ref, f"c128 decode B={B} {closing}: out")
-    assert_state_parity(st_gpu.cpu(), st_cpu, state.cpu(), False, H, f"c128 decode B={B} {closing}: state")
+    out = flashcompress.compress_forward(st_gpu, x, ape, plan, head_dim=H, compress_ratio=ratio)
+    plan_cpu = type(plan)(ratio, plan[1].cpu(), is_online=False)
+    ref = flashcompress.compress_forward(st_cpu, x.cpu(), ape.cpu(), plan_cpu, head_dim=H, compress_ratio=ratio)
+    assert_out_parity(out.cpu(), ref, f"{tag}: out")
+    assert_state_parity(st_gpu.cpu(), st_cpu, state.cpu(), False, H, f"{tag}: state")
 
     # compress_and_store: the fused launch against the two-step GPU path
     freq = deepseek_v4_freq_cis(int(seq.max()) + 1).cuda()
     w = torch.randn((H,), generator=g, device="cuda") * 0.1 + 1.0
     out_loc = torch.randperm(2 * B, generator=g, device="cuda")[:B]
-    for bf16 in (False, True):
-        page = 2
-        shape = (B, BF16_ROWS.data_bytes * page) if bf16 else (B, MAIN_V4.page_bytes(page))  # 2B slots
+    page = 2 if ratio == 128 else 64
+    for alt in (False, True):  # head 512: V4 / bf16 rows; head 128: FP8 / FP4
+        fmt = select_cache_format(H, use_fp4=alt, bf16_store=alt)
+        shape = (-(-2 * B // page), fmt.page_bytes(page))  # 2B slots
         cache0 = torch.randint(0, 256, shape, generator=g, device="cuda", dtype=torch.uint8)
-        kw = dict(norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=out_loc, page_size=page, bf16_store=bf16)
+        kw = dict(norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=out_loc, page_size=page,
+                  use_fp4=alt and H == 128, bf16_store=alt and H == 512)
         two_state, two_cache = state.clone(), cache0.clone()
-        kv = flashcompress.compress_forward(two_state, x, ape, plan, head_dim=H, compress_ratio=128)
+        kv = flashcompress.compress_forward(two_state, x, ape, plan, head_dim=H, compress_ratio=ratio)
         flashcompress.compress_norm_rope_store(kv, plan, kvcache=two_cache, **kw)
         f_state, f_cache = state.clone(), cache0.clone()
-        flashcompress.compress_and_store(f_state, x, ape, plan, head_dim=H, compress_ratio=128, kvcache=f_cache, **kw)
-        what = f"c128 decode B={B} {closing} {'bf16' if bf16 else 'v4'}"
+        flashcompress.compress_and_store(f_state, x, ape, plan, head_dim=H, compress_ratio=ratio, kvcache=f_cache, **kw)
+        what = f"{tag} {fmt.name}"
         assert torch.equal(f_state, two_state), f"{what}: state"
         diff = (f_cache != two_cache).nonzero()
         assert diff.numel() == 0, f"{what}: {diff.shape[0]} cache bytes differ, first at {diff[0].tolist()}"
@@ -571,7 +578,20 @@ def _bad_cases():
         "out_shape": (ValueError, "out", with_(out=lambda a: torch.empty((3, H), device="cuda"))),
         "out_dtype": (TypeError, "out", with_(out=lambda a: torch.empty((2, H), device="cuda", dtype=torch.float16))),
         "state_width": (ValueError, "kv_score_buffer", with_(kv_score_buffer=lambda a: a["kv_score_buffer"][:, :1024])),
+        # views at a 4-byte offset: rows are read by 16-byte vectors and bulk copies
+        "input_misaligned": (ValueError, "kv_score_input", with_(kv_score_input=lambda a: _misaligned(a["kv_score_input"]))),
+        "ape_misaligned": (ValueError, "ape", with_(ape=lambda a: _misaligned(a["ape"]))),
+        "state_misaligned": (ValueError, "kv_score_buffer", with_(kv_score_buffer=lambda a: _misaligned(a["kv_score_buffer"]))),
     }
+
+
+def _misaligned(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of t whose data starts 4 bytes past a 16-byte boundary."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+    view = flat[1:].view(t.shape)
+    view.copy_(t)
+    assert view.data_ptr() % 16 == 4
+    return view
 
 
 @pytest.mark.parametrize("case", list(_bad_cases()))
