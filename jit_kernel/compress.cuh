@@ -184,55 +184,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
   } while (!done);
 #endif
 }
-// One bulk (TMA) copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from global
-// memory into this block's shared memory; it completes `bytes` of the transaction count of *bar.
-__device__ __forceinline__ void bulk_load(void* smem, const void* gmem, uint32_t bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_addr(smem)),
-               "l"(gmem), "r"(bytes), "r"(smem_addr(bar))
-               : "memory");
-#endif
-}
-
-// One bulk copy shared -> global, committed as its own bulk group; bulk_wait_read returns once
-// every group of this thread has read its source (the buffer may then be overwritten).
-__device__ __forceinline__ void bulk_store(void* gmem, const void* smem, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(gmem), "r"(smem_addr(smem)),
-               "r"(bytes)
-               : "memory");
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void bulk_wait_read() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-#endif
-}
 #endif  // !FC_GPU_HIP
-
-// Bulk staging exists on sm_90 (CUDA); elsewhere the same stages are copied by every thread of
-// the team (cp.async, or plain copies on HIP) and waited for with a team barrier.
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define FC_BULK_SM90 1
-#else
-#define FC_BULK_SM90 0
-#endif
-
-// C4 decode's stages (Cfg::kBulk): 0 = every thread copies its own 16-byte pieces of the copy share
-// and the bias by cp.async at kernel / request start; 1 = lane 0 of the team issues one bulk copy
-// per stage (completion on an mbarrier), the bias at kernel start; 2 = the same, the bias only when
-// the team meets its first closing request (issued before that request's window loads).
-#ifndef FC_DECODE_BULK
-#define FC_DECODE_BULK 2
-#endif
-// With bulk stages and TIn == TState: the copy share goes from shared memory to its state row by
-// one bulk store instead of the team's vector stores.
-#ifndef FC_DECODE_BULK_STORE
-#define FC_DECODE_BULK_STORE 0
-#endif
 
 // ------------------------------------------------------------------------------------------
 // Configuration of one variant and one pass
@@ -325,14 +277,6 @@ struct Cfg {
   static constexpr bool kStageCopy = kCopyRows && kRatio == 4;
   static constexpr bool kStageApe = kDecode && kRatio == 4;
   static constexpr bool kStageOps = kStoreRows && !kCluster;
-  // C4 decode's copy share and bias as whole-stage copies (FC_DECODE_BULK), and the share's
-  // state store as one bulk store (FC_DECODE_BULK_STORE; state dtype = input dtype only).
-  static constexpr int kBulkMode = kStageCopy ? FC_DECODE_BULK : 0;
-  static constexpr bool kBulk = kBulkMode != 0;
-  static constexpr bool kLazyApe = kBulkMode == 2;
-  static constexpr bool kBulkStore = kBulk && FC_DECODE_BULK_STORE != 0 && kIn == kState;
-  static constexpr uint32_t kCopyBytes = kCopyVecs * 4 * sizeof(TIn);
-  static constexpr uint32_t kApeBytes = W * H * sizeof(TIn);
   // A one-block store of a row with several 128-dim blocks (H = 512): warp j stores block j
   // (store::store_slice; the blocks' sums of squares meet in shared memory) when the team has a
   // warp per block (C4 head 512, online decode, HIP's whole-row C128); else warp 0 stores the row.
@@ -388,58 +332,6 @@ __device__ __forceinline__ Acc acc_merge(Acc a, Acc b) {
   const float ms = m == -INFINITY ? 0.f : m;
   const float ra = exp_<kFast>(a.m - ms), rb = exp_<kFast>(b.m - ms);
   return Acc{m, a.s * ra + b.s * rb, a.n * ra + b.n * rb};
-}
-
-template <class C>
-__device__ __forceinline__ void team_sync() {
-  if constexpr (C::kTeams == 1) {
-    __syncthreads();
-  } else {
-#if FC_GPU_HIP
-    // A 32-thread team is 32 aligned lanes of one wavefront (wave32 or wave64), which executes
-    // in lockstep: order its shared-memory accesses (wavefront-scope fences) and keep the
-    // compiler from moving them across (wave barrier). Teams may diverge, so no __syncthreads.
-    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
-    __builtin_amdgcn_wave_barrier();
-    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
-#else
-    __syncwarp();
-#endif
-  }
-}
-// A stage of C4 decode with whole-stage copies (Cfg::kBulk): `bytes` contiguous bytes (a multiple
-// of 16) from global to shared memory, for every thread of the team. SM90: lane 0 of the team
-// (u == 0) arms the stage's barrier and issues one bulk copy, so the stage costs the team one
-// instruction instead of a cp.async per 16 bytes per thread ahead of its plan-row and window
-// loads. Elsewhere every thread of the team copies 16-byte pieces (async_copy). stage_wait: the
-// whole team waits until the stage's phase `parity` (0, 1, 0, ... for its successive stages) has
-// landed; a team must pass a team barrier between two waits on one barrier.
-template <class C>
-__device__ __forceinline__ void stage_issue(void* dst, const void* src, uint32_t bytes, uint64_t* bar, int u) {
-#if FC_BULK_SM90
-  if (u == 0) {
-    mbar_arrive_expect(bar, bytes);
-    bulk_load(dst, src, bytes, bar);
-  }
-#else
-  (void)bar;
-  for (uint32_t k = static_cast<uint32_t>(u); k < bytes / 16; k += C::kTeamThreads) {
-    async_copy<16>(static_cast<char*>(dst) + 16 * k, static_cast<const char*>(src) + 16 * k);
-  }
-#endif
-}
-
-template <class C>
-__device__ __forceinline__ void stage_wait(uint64_t* bar, uint32_t parity) {
-#if FC_BULK_SM90
-  mbar_wait(bar, parity);
-#else
-  (void)bar;
-  (void)parity;
-  async_commit();
-  async_wait<0>();
-  team_sync<C>();
-#endif
 }
 
 template <typename T>
@@ -510,7 +402,7 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
                                              const typename C::TState* state,
                                              const typename C::TIn* __restrict__ input,
                                              const typename C::TIn* __restrict__ ape,
-                                             Acc (&acc)[4], [[maybe_unused]] uint64_t* ape_bar) {
+                                             Acc (&acc)[4]) {
   using TIn = typename C::TIn;
   using TState = typename C::TState;
   using RawIn = Vec<TIn, 4>;
@@ -577,16 +469,7 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
         in_kv[k] = load_vec<TIn, 4>(in_row + kc);
         in_sc[k] = load_vec<TIn, 4>(in_row + sc);
       }
-      if constexpr (!C::kBulk) {
-        if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(bias_e0 + (C::kOnlineDecode ? 0 : j * C::H));
-      }
-    }
-    if constexpr (C::kBulk) {  // the staged bias, waited for once this batch's window loads fly
-      if (b0 == 0) stage_wait<C>(ape_bar, 0);
-#pragma unroll
-      for (int k = 0; k < B; ++k) {
-        if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(bias_e0 + (b0 + k) * C::H);
-      }
+      if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(bias_e0 + (C::kOnlineDecode ? 0 : j * C::H));
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -646,9 +529,8 @@ struct Smem {
   double ss[C::kCluster ? 2 : 1][C::kCluster ? C::kCSplit : 1];
   uint64_t sum_bar[C::kCluster ? 2 : 1];  // cluster store: the arrivals of every block's partial sum (slot parity)
   // Staged by async copies (Cfg): the copy share, C4 decode's bias rows, the store operands.
-  alignas(16) Vec<typename C::TIn, 4> copy[C::kTeams][C::kStageCopy ? C::kCopyVecs : 1];
-  alignas(16) Vec<typename C::TIn, 4> ape[C::kTeams][C::kStageApe ? C::W * C::H / 4 : 1];
-  uint64_t stage_bar[C::kBulk ? C::kTeams : 1][2];  // bulk stages: [team][0] copy share, [1] bias
+  Vec<typename C::TIn, 4> copy[C::kTeams][C::kStageCopy ? C::kCopyVecs : 1];
+  Vec<typename C::TIn, 4> ape[C::kTeams][C::kStageApe ? C::W * C::H / 4 : 1];
   store::StagedOperands<C::kStageOps ? C::H / 128 : 1> ops[C::kStageOps ? C::kTeams : 1];
   double part[C::kStoreWarps];  // sliced store: each warp's sum of squares
 };
@@ -669,6 +551,23 @@ __device__ __forceinline__ void cluster_entry(Smem<C>& sm) {
 #endif
 }
 
+template <class C>
+__device__ __forceinline__ void team_sync() {
+  if constexpr (C::kTeams == 1) {
+    __syncthreads();
+  } else {
+#if FC_GPU_HIP
+    // A 32-thread team is 32 aligned lanes of one wavefront (wave32 or wave64), which executes
+    // in lockstep: order its shared-memory accesses (wavefront-scope fences) and keep the
+    // compiler from moving them across (wave barrier). Teams may diverge, so no __syncthreads.
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#else
+    __syncwarp();
+#endif
+  }
+}
 
 // The bias rows pool_entries reads: staged in shared memory (C4 decode) or global.
 template <class C>
@@ -799,7 +698,6 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   const TIn* ape = ape_of<C>(a, sm, team);
   const int chan0 = rank * C::kChans;
   float* row = C::kStoreRows ? &sm.row[team][0] : nullptr;
-  uint64_t* ape_bar = C::kBulk ? &sm.stage_bar[team][1] : nullptr;
 
   // Phase 1: each (split, vector) thread pools its entries for 4 channels.
   const int v = u % C::kVecs, split = C::kSplit == 1 ? 0 : u / C::kVecs;
@@ -810,10 +708,10 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
     // loaded with the window (online decode: one entry, so the prior would otherwise cost a
     // second round trip per row).
     const Prior<4> prior = load_prior<C, 4>(t, a, chan0 + 4 * v);
-    pool_entries<C>(w, 0, chan0 + 4 * v, state, input, ape, acc, ape_bar);
+    pool_entries<C>(w, 0, chan0 + 4 * v, state, input, ape, acc);
     finish_channels<C, 4>(t, a, row, chan0 + 4 * v, acc, prior);
   } else {
-    pool_entries<C>(w, split * C::kPerSplit, chan0 + 4 * v, state, input, ape, acc, ape_bar);
+    pool_entries<C>(w, split * C::kPerSplit, chan0 + 4 * v, state, input, ape, acc);
     // Phase 2: kLanes threads per channel merge the partials of the splits, then a butterfly.
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -978,41 +876,22 @@ __device__ __forceinline__ void store_state_vec(typename C::TState* dst, const V
 }
 
 // C4 decode: stage this block's share of request b's input row in shared memory; write_copy
-// stores it into the state row write_loc once the pooling of the request has been issued. With
-// bulk stages the `parity` of the copy barrier is the request's index in the team's run, mod 2.
+// stores it into the state row write_loc once the pooling of the request has been issued.
 template <class C>
 __device__ __forceinline__ void stage_copy(const CompressArgs& a, Smem<C>& sm, int team, int u, int share, int64_t b) {
   if constexpr (C::kStageCopy) {
     using TIn = typename C::TIn;
     const TIn* src = static_cast<const TIn*>(a.input) + b * C::kInWidth + 4 * share * C::kCopyVecs;
-    if constexpr (C::kBulk) {
-#if FC_BULK_SM90
-      if (C::kBulkStore && u == 0) bulk_wait_read();  // the previous request's bulk store has read the buffer
-#endif
-      stage_issue<C>(&sm.copy[team][0], src, C::kCopyBytes, &sm.stage_bar[team][0], u);
-    } else {
-      for (int k = u; k < C::kCopyVecs; k += C::kTeamThreads) async_copy<sizeof(Vec<TIn, 4>)>(&sm.copy[team][k], src + 4 * k);
-    }
+    for (int k = u; k < C::kCopyVecs; k += C::kTeamThreads) async_copy<sizeof(Vec<TIn, 4>)>(&sm.copy[team][k], src + 4 * k);
   }
 }
 
 template <class C>
-__device__ __forceinline__ void write_copy(const CompressArgs& a, Smem<C>& sm, int team, int u, int share,
-                                           int64_t write_loc, uint32_t parity) {
+__device__ __forceinline__ void write_copy(const CompressArgs& a, const Smem<C>& sm, int team, int u, int share,
+                                           int64_t write_loc) {
   if constexpr (C::kStageCopy) {
     typename C::TState* dst = static_cast<typename C::TState*>(a.state) + write_loc * C::kStateWidth +
                               4 * share * C::kCopyVecs;
-    if constexpr (C::kBulk) {
-      stage_wait<C>(&sm.stage_bar[team][0], parity);
-#if FC_BULK_SM90
-      if constexpr (C::kBulkStore) {
-        if (u == 0) bulk_store(dst, &sm.copy[team][0], C::kCopyBytes);
-        return;
-      }
-#endif
-    } else {
-      (void)parity;
-    }
     for (int k = u; k < C::kCopyVecs; k += C::kTeamThreads) store_state_vec<C>(dst + 4 * k, sm.copy[team][k]);
   }
 }
@@ -1050,41 +929,13 @@ __device__ __forceinline__ void copy_rows_share(const CompressArgs& a, int64_t f
   }
 }
 
-// C4 decode with bulk stages: the team's copy of the bias rows (all W x H values).
-template <class C>
-__device__ __forceinline__ void stage_ape(const CompressArgs& a, Smem<C>& sm, int team, int u) {
-  if constexpr (C::kBulk) stage_issue<C>(&sm.ape[team][0], a.ape, C::kApeBytes, &sm.stage_bar[team][1], u);
-}
-
-// The stage barriers of a block with bulk stages (before any thread uses them).
-template <class C>
-__device__ __forceinline__ void stage_bars_init(Smem<C>& sm) {
-#if FC_BULK_SM90
-  if constexpr (C::kBulk) {
-    if (threadIdx.x == 0) {
-#pragma unroll
-      for (int t = 0; t < C::kTeams; ++t) {
-        mbar_init(&sm.stage_bar[t][0], 1);
-        mbar_init(&sm.stage_bar[t][1], 1);
-      }
-      mbar_init_fence();
-    }
-    __syncthreads();
-  }
-#else
-  (void)sm;
-#endif
-}
-
 // Row-independent staging, once per kernel: C4 decode's bias rows of the thread's channels (the
 // only ones pool_entries reads), and the store's weight blocks of a one-block store (warp 0 of
 // the team: the lanes that store).
 template <class C>
 __device__ __forceinline__ void stage_invariants(const CompressArgs& a, Smem<C>& sm, int team, int u) {
   using TIn = typename C::TIn;
-  if constexpr (C::kBulk) {
-    if constexpr (!C::kLazyApe) stage_ape<C>(a, sm, team, u);
-  } else if constexpr (C::kStageApe) {
+  if constexpr (C::kStageApe) {
     const int c = 4 * (u % C::kVecs);
 #pragma unroll
     for (int e = 0; e < C::W; ++e) {
@@ -1141,7 +992,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   int64_t group;
   block_coords<C>(rank, group, team, u);
   if constexpr (C::kCluster) cluster_entry<C>(sm);
-  stage_bars_init<C>(sm);
   // Launched as a programmatic dependent (sm_90): the launch and the prologue above overlap the
   // previous kernel; no global memory is touched before the wait.
   pdl_warm_params(warm_fold(a));
@@ -1154,12 +1004,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   copy_rows_share<C>(a, first, last, u, rank);
   int row_count = 0;                         // rows the team has stored
   bool entry_pending = C::kCluster;
-  bool ape_pending = C::kLazyApe;           // bulk stages: the bias is staged at the first closing request
   for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
-    const auto parity = static_cast<uint32_t>(b - first) & 1u;
-    if constexpr (C::kBulk) {
-      if (b != first) team_sync<C>();  // the team is done with the previous request's copy stage
-    }
     stage_copy<C>(a, sm, team, u, rank, b);
     const DecodePlan p = plan[b];
     RowTarget t{};
@@ -1195,23 +1040,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
     }
     t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
     if (t.emit) stage_row_rope<C>(a, sm, team, u, t.position);
-    if constexpr (C::kLazyApe) {
-      if (t.emit && ape_pending) {
-        stage_ape<C>(a, sm, team, u);
-        ape_pending = false;
-      }
-    }
     async_commit();
     if (!C::kOnline && !t.emit) {  // only the copy: nothing pooled, nothing stored
       async_wait<0>();
-      write_copy<C>(a, sm, team, u, rank, p.write_loc, parity);
+      write_copy<C>(a, sm, team, u, rank, p.write_loc);
       if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
       continue;
     }
     async_wait<1>();  // the row-independent stage (the bias) has landed; this row's may fly on
     pool_row<C>(w, t, a, sm, team, u, rank);
     async_wait<0>();
-    write_copy<C>(a, sm, team, u, rank, p.write_loc, parity);
+    write_copy<C>(a, sm, team, u, rank, p.write_loc);
     if (t.emit) {
       store_pooled_row<C>(t, a, sm, team, u, rank, row_count, entry_pending);
       ++row_count;
@@ -1219,9 +1058,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       zero_out_row<C>(a, b, u, rank);
     }
   }
-#if FC_BULK_SM90
-  if (C::kBulkStore && u == 0) bulk_wait_read();  // shared memory outlives the last bulk store's read
-#endif
   pdl_leave<C::kPdlEarly>();
 }
 
