@@ -973,12 +973,6 @@ __device__ __forceinline__ void block_coords(int& rank, int64_t& group, int& tea
   u = static_cast<int>(threadIdx.x) % C::kTeamThreads;
 }
 
-// A/B knob: decode reads its first plan row before griddepcontrol.wait (safe only when the plan
-// was written by a kernel that completed before the stream's previous kernel started).
-#ifndef FC_DECODE_PLAN_EARLY
-#define FC_DECODE_PLAN_EARLY 0
-#endif
-
 // One field from each 32-byte span of CompressArgs (pdl_warm_params).
 __device__ __forceinline__ uint64_t warm_fold(const CompressArgs& a) {
   return fold_params(a.state, a.plan, a.out_loc, a.state_rows, a.is_decode, a.store.norm_weight_bf16,
@@ -1001,14 +995,10 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   // Launched as a programmatic dependent (sm_90): the launch and the prologue above overlap the
   // previous kernel; no global memory is touched before the wait.
   pdl_warm_params(warm_fold(a));
+  pdl_enter<C::kPdlEarly>();
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
-#if FC_DECODE_PLAN_EARLY
-  DecodePlan p_first{};
-  if (first < last) p_first = plan[first];
-#endif
-  pdl_enter<C::kPdlEarly>();
   stage_invariants<C>(a, sm, team, u);
   async_commit();
   copy_rows_share<C>(a, first, last, u, rank);
@@ -1016,11 +1006,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   bool entry_pending = C::kCluster;
   for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
     stage_copy<C>(a, sm, team, u, rank, b);
-#if FC_DECODE_PLAN_EARLY
-    const DecodePlan p = b == first ? p_first : plan[b];
-#else
     const DecodePlan p = plan[b];
-#endif
     RowTarget t{};
     t.out_row = b;
     t.loc = C::kStoreRows ? a.out_loc[b] : 0;
