@@ -44,6 +44,8 @@
 //   C128 decode: 512 threads, kChans 64, 32 splits of 4 entries (8 blocks per row)
 //   C128 / online prefill: 512 threads, kChans 128, 16 splits of 8 entries (4 blocks per row)
 //   online decode: 128 threads, whole row, 1 entry
+//   C128 without clusters (HIP, CUDA before sm_90; Cfg::kWholeRow), decode and prefill, stored
+//   or not: 512 threads, whole row, 4 splits of 32 entries (one block per row)
 // (tiling chosen by A/B runs on the H200: benchmarks/RESULTS.md; a variant with the C128 bias
 // staged in shared memory, all 4 entries of a split in flight and a persistent prefill grid
 // measured 10% faster on all-boundary decode batches, up to 23% slower on single-request decode
@@ -81,9 +83,10 @@
 // distributed shared memory: each block's storing warp sends its sum to every block by st.async,
 // which completes bytes of that block's mbarrier (double-buffered), and waits on its own; the
 // other warps go on to the team's next row.
-// HIP (no clusters, no PDL): a stored C128 row is one 512-thread block (Cfg::kHipWholeRow), a
-// "warp" is 32 aligned lanes (half a wave64; shuffles take a width), 32-thread teams sync with a
-// wavefront barrier; the rest is the CUDA code.
+// Targets without clusters (HIP; CUDA before sm_90): a C128 row is one 512-thread block
+// (Cfg::kWholeRow), in compress_forward too, so both paths pool in one order. HIP (no PDL
+// either): a "warp" is 32 aligned lanes (half a wave64; shuffles take a width), 32-thread teams
+// sync with a wavefront barrier; the rest is the CUDA code.
 #pragma once
 
 #include <atomic>
@@ -186,6 +189,13 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
 }
 #endif  // !FC_GPU_HIP
 
+// Thread block clusters: the target's (FC_HAS_CLUSTERS, gpu_runtime.h), unless the A/B and test
+// knob FC_FORCE_NO_CLUSTERS makes an sm_90 build tile C128 rows as targets without them do.
+#ifndef FC_FORCE_NO_CLUSTERS
+#define FC_FORCE_NO_CLUSTERS 0
+#endif
+inline constexpr bool kHasClusters = FC_HAS_CLUSTERS && !FC_FORCE_NO_CLUSTERS && !FC_GPU_HIP;
+
 // ------------------------------------------------------------------------------------------
 // Configuration of one variant and one pass
 // ------------------------------------------------------------------------------------------
@@ -216,21 +226,15 @@ struct Cfg {
   // blocks, 16 splits of 8 entries: fewer, longer-lived blocks for bandwidth).
   static constexpr bool kOnlineDecode = kOnline && kDecode;
   static constexpr bool kWide = kRatio == 128 && !kOnlineDecode;
-#if FC_GPU_HIP
-  // HIP has no thread block clusters: a C128 row that is stored is pooled by one block (the
-  // whole row, 4 splits of 32 entries, 512 threads); rows that are not stored tile as on CUDA.
-  static constexpr bool kHipWholeRow = kWide && kStoreRows;
-  static constexpr int kChans = (!kWide || kHipWholeRow) ? H : (kDecode ? 64 : 128);
-#else
-  static constexpr int kChans = !kWide ? H : (kDecode ? 64 : 128);
-#endif
+  // Without thread block clusters (HIP, CUDA before sm_90, FC_FORCE_NO_CLUSTERS) a C128 row is
+  // pooled by one block: the whole row, 4 splits of 32 entries, 512 threads. Stored or not, so
+  // that compress_and_store and compress_forward pool a row in the same order (the fused path
+  // writes the two-step path's bytes) on every target.
+  static constexpr bool kWholeRow = !kHasClusters && kWide;
+  static constexpr int kChans = (!kWide || kWholeRow) ? H : (kDecode ? 64 : 128);
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
-#if FC_GPU_HIP
-  static constexpr int kSplit = !kWide ? 1 : (kHipWholeRow ? 4 : (kDecode ? 32 : 16));
-#else
-  static constexpr int kSplit = !kWide ? 1 : (kDecode ? 32 : 16);
-#endif
+  static constexpr int kSplit = !kWide ? 1 : (kWholeRow ? 4 : (kDecode ? 32 : 16));
   static constexpr int kPerSplit = kEntries / kSplit;
   // Entries whose loads are in flight together (registers: 3 x 4 values per entry). 512-thread
   // blocks run two per SM within 64 registers; C4 prefill runs 6 blocks of 128 per SM.
@@ -242,15 +246,16 @@ struct Cfg {
 #if FC_GPU_HIP
   // __launch_bounds__' second argument is the minimum waves per SIMD on HIP, not blocks per SM:
   // the same residency (2 blocks of 512, 6 of 128 for C4 prefill) on a CDNA CU (4 SIMDs,
-  // wave64). Batches of a split unrolled at once: the 16 batches of a whole-row split, fully
-  // unrolled, spill (clang-19, gfx942 decode: 256 VGPRs + scratch; not unrolled: 127, none).
+  // wave64).
   static constexpr int kMinBlocks0 = kThreads >= 512 ? 2 : (kRatio == 4 && !kDecode ? 6 : 1);
   static constexpr int kMinBlocks = kMinBlocks0 * kThreads / 256 > 1 ? kMinBlocks0 * kThreads / 256 : 1;
-  static constexpr int kHipUnroll = kHipWholeRow ? 1 : kPerSplit / kBatch;
 #else
   // C4 decode: 4 blocks per SM (<= 128 registers), so a 512-request batch is one request per team.
   static constexpr int kMinBlocks = kThreads >= 512 ? 2 : (kRatio == 4 ? (kDecode ? 4 : 6) : 1);
 #endif
+  // Batches of a split unrolled at once: all, except the 16 of a whole-row split (fully
+  // unrolled they spill: clang-19, gfx942 decode 256 VGPRs + scratch, 127 and none rolled).
+  static constexpr int kUnroll = kWholeRow ? 1 : kPerSplit / kBatch;
   static constexpr bool kCluster = kCSplit > 1 && kStoreRows;
   // Programmatic dependent launch: C4 decode (its grid fills every block slot) lets the next
   // kernel launch right after its wait; C128 / online decode and prefill once a block is done
@@ -292,9 +297,7 @@ struct Cfg {
   static_assert(kThreads <= 1024, "block too large");
   static_assert(!kOnline || (kRatio == 128 && kIn == DType::kF32 && kOut == DType::kF32),
                 "online compression is ratio 128 with fp32 input and output");
-#if FC_GPU_HIP
-  static_assert(!kCluster, "thread block clusters are CUDA-only; store variants need kCSplit 1");
-#endif
+  static_assert(kHasClusters || !kCluster, "no thread block clusters on this target: store variants need kCSplit 1");
 };
 
 // Running softmax state of one channel: max, sum of exp, sum of exp * kv.
@@ -424,10 +427,10 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
     st_b = state + (w.page1 * 4 - 4) * C::kStateWidth + c;
     in_e0 = input + (w.q_first + e0) * C::kInWidth + c;
   }
-#if FC_GPU_HIP
-#pragma unroll C::kHipUnroll
-#else
+#if FC_HAS_CLUSTERS && !FC_FORCE_NO_CLUSTERS
 #pragma unroll
+#else
+#pragma unroll C::kUnroll
 #endif
   for (int b0 = 0; b0 < C::kPerSplit; b0 += B) {
     // Where each entry comes from: 0 = padding, 1 = input row, 2 = state row, 3 = the state row

@@ -54,6 +54,11 @@
 #ifndef FC_ENABLE_PDL
 #define FC_ENABLE_PDL 0
 #endif
+// FC_HAS_CLUSTERS: 1 iff the target has thread block clusters (the templates set it for CUDA
+// targets sm_90 and up; 0 by default and on HIP).
+#ifndef FC_HAS_CLUSTERS
+#define FC_HAS_CLUSTERS 0
+#endif
 
 namespace flashcompress {
 
