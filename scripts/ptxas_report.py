@@ -67,10 +67,10 @@ def _sass_counts(cubin: Path, nvdisasm: str) -> dict[str, tuple[int, int]]:
 
 
 def compile_tu(nvcc: str, f: "fam.Family", params: dict, out: Path, mode: list[str],
-               defines: list[str] = ()) -> subprocess.CompletedProcess:
-    """Render a variant's kernel TU for sm_90a as the JIT does and compile it into `out` with
-    `mode` (e.g. ["-cubin", "-Xptxas", "-v"] or ["-ptx"]); the finished nvcc process."""
-    key = f.key("cuda:9.0a", **params)
+               defines: list[str] = (), target: str = "cuda:9.0a") -> subprocess.CompletedProcess:
+    """Render a variant's kernel TU for `target` (default sm_90a) as the JIT does and compile it
+    into `out` with `mode` (e.g. ["-cubin", "-Xptxas", "-v"] or ["-ptx"]); the finished nvcc process."""
+    key = f.key(target, **params)
     kernel = [text for name, text in render_sources(key, f).items() if name.endswith(".cu")][0]
     src = out.with_suffix(".cu")
     src.write_text(kernel)

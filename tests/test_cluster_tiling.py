@@ -1,0 +1,87 @@
+"""Thread block clusters only where the target has them (CPU, needs nvcc).
+
+A C128 row that is stored is pooled by an 8-block cluster on sm_90 and later; on CUDA targets
+before sm_90 (and on HIP) every C128 row is pooled by one 512-thread block instead
+(jit_kernel/compress.cuh, Cfg::kWholeRow; FC_HAS_CLUSTERS comes from the kernel template). A
+cluster instruction in a pre-sm_90 build would not assemble, and a cluster launch fails there,
+so this test compiles the C128 variants to PTX for sm_90a, sm_89 and sm_80 and checks where the
+cluster instructions (and PDL) appear. The sm_80 tiling itself ran on the H200 with
+FC_FORCE_NO_CLUSTERS=1 (benchmarks/RESULTS.md, session 12).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flashcompress.jit import family as fam
+
+REPO = Path(__file__).resolve().parents[1]
+NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+pytestmark = pytest.mark.skipif(not Path(NVCC).exists(), reason="needs nvcc")
+
+_spec = importlib.util.spec_from_file_location("ptxas_report", REPO / "scripts" / "ptxas_report.py")
+ptxas_report = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ptxas_report)  # type: ignore[union-attr]
+
+F32 = {"in_dtype": "f32", "state_dtype": "f32", "out_dtype": "f32"}
+_CLUSTER = re.compile(r"barrier\.cluster|mapa\.|st\.async|\.shared::cluster")
+_PDL = re.compile(r"griddepcontrol\.")
+
+
+def _ptx(params: dict, target: str, tmp: Path) -> str:
+    out = tmp / "kernel.ptx"
+    res = ptxas_report.compile_tu(NVCC, fam.get_family("compress"), params, out, ["-ptx"], target=target)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out.read_text()
+
+
+@pytest.mark.parametrize("store", ["v4", "bf16"])
+def test_clusters_on_sm90_only(tmp_path, store: str) -> None:
+    params = {"ratio": 128, "online": False, "head_dim": 512, "store": store, **F32}
+    hopper = _ptx(params, "cuda:9.0a", tmp_path)
+    assert _CLUSTER.search(hopper), "sm_90a: the C128 store epilogue should exchange sums across a cluster"
+    assert _PDL.search(hopper)
+    for target in ("cuda:8.9", "cuda:8.0"):
+        ptx = _ptx(params, target, tmp_path)
+        hit = _CLUSTER.search(ptx)
+        assert hit is None, f"{target}: cluster instruction {hit.group(0)!r} in a target without clusters"
+        assert _PDL.search(ptx) is None, f"{target}: griddepcontrol in a target without PDL"
+        # every kernel of the family is at most a 512-thread block, two per SM
+        assert set(re.findall(r"\.maxntid (\d+)", ptx)) <= {"512", "256"}, target
+
+
+def _tilings(tmp: Path, has_clusters: int) -> dict[tuple[str, ...], dict[str, int]]:
+    exe = tmp / f"tiling{has_clusters}"
+    cmd = [NVCC, "-std=c++17", f"-DFC_HAS_CLUSTERS={has_clusters}", f"-I{REPO / 'jit_kernel'}",
+           str(REPO / "tests" / "native" / "compress_tiling_check.cu"), "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr[-3000:]}"
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert lines[0] == f"has_clusters {has_clusters}"
+    fields = ("chans", "split", "batch", "lanes", "csplit", "threads", "cluster")
+    return {tuple(p[:5]): dict(zip(fields, map(int, p[5:]))) for p in (line.split() for line in lines[1:])}
+
+
+def test_tiling_by_target(tmp_path) -> None:
+    """Each configuration's tiling with and without clusters (the build also checks, at compile
+    time, that a store variant pools with its compress_forward variant's tiling)."""
+    cl, nocl = _tilings(tmp_path, 1), _tilings(tmp_path, 0)
+    assert cl.keys() == nocl.keys() and len(cl) == 20
+    dec, pre = ("128", "0", "512", "v4", "decode"), ("128", "0", "512", "v4", "prefill")
+    # sm_90: a stored C128 row is an 8-block (decode) / 4-block (prefill) cluster of 512 threads
+    assert (cl[dec]["csplit"], cl[dec]["cluster"], cl[dec]["threads"]) == (8, 1, 512)
+    assert (cl[pre]["csplit"], cl[pre]["cluster"]) == (4, 1)
+    # without clusters: one 512-thread block per C128 row, stored or not, online prefill included
+    for key, t in nocl.items():
+        if key[0] == "128" and not (key[1] == "1" and key[4] == "decode"):
+            assert (t["chans"], t["split"], t["csplit"], t["cluster"], t["threads"]) == (512, 4, 1, 0, 512), key
+    # ratio 4 and online decode tile the same on every target
+    for key in cl:
+        if key[0] == "4" or (key[1] == "1" and key[4] == "decode"):
+            assert cl[key] == nocl[key], key
