@@ -8,6 +8,7 @@ for the next; tests that damage entries use variants of their own.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -88,3 +89,29 @@ def readme_settings_block() -> str:
     begin = text.index("<!-- settings:begin")
     begin = text.index("\n", begin) + 1
     return text[begin : text.index("<!-- settings:end -->")].rstrip("\n")
+
+
+# ----------------------------------------------------------------------------- PTX of one variant
+
+NVCC = shutil.which("nvcc") or str(_cuda_home() / "bin" / "nvcc")
+requires_nvcc_only = pytest.mark.skipif(not Path(NVCC).exists(), reason="needs nvcc")
+
+
+@functools.cache
+def ptxas_report():
+    """scripts/ptxas_report.py as a module: it renders a variant's kernel TU exactly as the JIT
+    does (compile_tu) and demangles kernel names (demangle). Loaded on first use only."""
+    spec = importlib.util.spec_from_file_location("ptxas_report", REPO / "scripts" / "ptxas_report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def variant_ptx(family: str, params: dict, tmp: Path, target: str = "cuda:9.0a") -> str:
+    """The PTX of one variant's kernel TU for `target` (nvcc only: no tvm-ffi, no GPU)."""
+    from flashcompress.jit import family as fam
+
+    out = tmp / "kernel.ptx"
+    res = ptxas_report().compile_tu(NVCC, fam.get_family(family), params, out, ["-ptx"], target=target)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out.read_text()

@@ -11,23 +11,15 @@ FC_FORCE_NO_CLUSTERS=1 (benchmarks/RESULTS.md, session 12).
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from flashcompress.jit import family as fam
+from _jit_helpers import NVCC, REPO, requires_nvcc_only, variant_ptx
 
-REPO = Path(__file__).resolve().parents[1]
-NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-pytestmark = pytest.mark.skipif(not Path(NVCC).exists(), reason="needs nvcc")
-
-_spec = importlib.util.spec_from_file_location("ptxas_report", REPO / "scripts" / "ptxas_report.py")
-ptxas_report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ptxas_report)  # type: ignore[union-attr]
+pytestmark = requires_nvcc_only
 
 F32 = {"in_dtype": "f32", "state_dtype": "f32", "out_dtype": "f32"}
 _CLUSTER = re.compile(r"barrier\.cluster|mapa\.|st\.async|\.shared::cluster")
@@ -35,10 +27,7 @@ _PDL = re.compile(r"griddepcontrol\.")
 
 
 def _ptx(params: dict, target: str, tmp: Path) -> str:
-    out = tmp / "kernel.ptx"
-    res = ptxas_report.compile_tu(NVCC, fam.get_family("compress"), params, out, ["-ptx"], target=target)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return out.read_text()
+    return variant_ptx("compress", params, tmp, target)
 
 
 @pytest.mark.parametrize("store", ["v4", "bf16"])

@@ -16,22 +16,14 @@ access) in the standalone store and C4 decode, after the block's first global ac
 
 from __future__ import annotations
 
-import importlib.util
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
-from flashcompress.jit import family as fam
+from _jit_helpers import ptxas_report, requires_nvcc_only, variant_ptx
 
-REPO = Path(__file__).resolve().parents[1]
-NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
-pytestmark = pytest.mark.skipif(not Path(NVCC).exists(), reason="needs nvcc")
-
-_spec = importlib.util.spec_from_file_location("ptxas_report", REPO / "scripts" / "ptxas_report.py")
-ptxas_report = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ptxas_report)  # type: ignore[union-attr]
+pytestmark = requires_nvcc_only
 
 F32 = {"in_dtype": "f32", "state_dtype": "f32", "out_dtype": "f32"}
 VARIANTS = [
@@ -52,10 +44,7 @@ _TRIGGER = "griddepcontrol.launch_dependents"
 
 
 def _ptx(family: str, params: dict, tmp: Path) -> str:
-    out = tmp / "kernel.ptx"
-    res = ptxas_report.compile_tu(NVCC, fam.get_family(family), params, out, ["-ptx"])
-    assert res.returncode == 0, res.stderr[-3000:]
-    return out.read_text()
+    return variant_ptx(family, params, tmp)
 
 
 def _entries(ptx: str) -> dict[str, str]:
@@ -79,7 +68,7 @@ def _is_dependent(demangled: str) -> bool:
 def test_no_global_access_before_the_wait(tmp_path, family, params) -> None:
     ptx = _ptx(family, params, tmp_path)
     bodies = _entries(ptx)
-    names = ptxas_report.demangle(list(bodies))
+    names = ptxas_report().demangle(list(bodies))
     checked = 0
     for mangled, body in bodies.items():
         if not _is_dependent(names[mangled]):
@@ -108,7 +97,7 @@ def test_trigger_position_per_kernel(tmp_path, family, params) -> None:
     (once a block's work is done)."""
     ptx = _ptx(family, params, tmp_path)
     bodies = _entries(ptx)
-    names = ptxas_report.demangle(list(bodies))
+    names = ptxas_report().demangle(list(bodies))
     seen = set()
     for mangled, body in bodies.items():
         name = names[mangled]
