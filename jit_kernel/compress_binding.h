@@ -16,8 +16,8 @@
 //   out          [rows, H] TOut
 //   norm_weight  f32 [H]; freq f32 [T, 64]; out_loc i64 [L] (decode: L == rows)
 //   kvcache      u8 [pages, page_bytes(page_size)] (bf16: [rows, 1024 * page_size])
-//   state, input, ape, norm_weight, freq and kvcache start 16-byte aligned (vector accesses, bulk
-//   copies): a torch allocation is; a view at an odd offset raises ValueError.
+//   state, input, ape, norm_weight, freq and kvcache start 16-byte aligned (rows are read by
+//   16-byte vectors): a torch allocation is; a view at an odd offset raises ValueError.
 // Every check raises a named TypeError (dtype) or ValueError (anything else) before a launch;
 // device values are never read. Launches go on the caller's stream (TVMFFIEnvGetStream).
 #pragma once
@@ -70,7 +70,7 @@ struct CompressBinding {
     chk::check_tensor(state, "kv_score_buffer", dl_dtype(kState), {chk::kAnySize, kStateWidth}, dev);
     chk::check_tensor(input, "kv_score_input", dl_dtype(kIn), {chk::kAnySize, kInWidth}, dev);
     chk::check_tensor(ape, "ape", dl_dtype(kIn), {kApeRows, kHeadDim}, dev);
-    // Rows are read by 16-byte vectors and staged by bulk copies (C4 decode).
+    // Rows are read (and C4 decode's staged by cp.async) 16 bytes at a time.
     chk::check_aligned(state, "kv_score_buffer", 16);
     chk::check_aligned(input, "kv_score_input", 16);
     chk::check_aligned(ape, "ape", 16);

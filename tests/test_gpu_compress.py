@@ -578,7 +578,7 @@ def _bad_cases():
         "out_shape": (ValueError, "out", with_(out=lambda a: torch.empty((3, H), device="cuda"))),
         "out_dtype": (TypeError, "out", with_(out=lambda a: torch.empty((2, H), device="cuda", dtype=torch.float16))),
         "state_width": (ValueError, "kv_score_buffer", with_(kv_score_buffer=lambda a: a["kv_score_buffer"][:, :1024])),
-        # views at a 4-byte offset: rows are read by 16-byte vectors and bulk copies
+        # views at a 4-byte offset: rows are read by 16-byte vectors
         "input_misaligned": (ValueError, "kv_score_input", with_(kv_score_input=lambda a: _misaligned(a["kv_score_input"]))),
         "ape_misaligned": (ValueError, "ape", with_(ape=lambda a: _misaligned(a["ape"]))),
         "state_misaligned": (ValueError, "kv_score_buffer", with_(kv_score_buffer=lambda a: _misaligned(a["kv_score_buffer"]))),
