@@ -194,7 +194,8 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
 #ifndef FC_FORCE_NO_CLUSTERS
 #define FC_FORCE_NO_CLUSTERS 0
 #endif
-inline constexpr bool kHasClusters = FC_HAS_CLUSTERS && !FC_FORCE_NO_CLUSTERS && !FC_GPU_HIP;
+#define FC_CLUSTER_TILING (FC_HAS_CLUSTERS && !FC_FORCE_NO_CLUSTERS && !FC_GPU_HIP)
+inline constexpr bool kHasClusters = FC_CLUSTER_TILING;
 
 // ------------------------------------------------------------------------------------------
 // Configuration of one variant and one pass
@@ -427,7 +428,7 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
     st_b = state + (w.page1 * 4 - 4) * C::kStateWidth + c;
     in_e0 = input + (w.q_first + e0) * C::kInWidth + c;
   }
-#if FC_HAS_CLUSTERS && !FC_FORCE_NO_CLUSTERS
+#if FC_CLUSTER_TILING
 #pragma unroll
 #else
 #pragma unroll C::kUnroll
