@@ -136,6 +136,31 @@ def input_width(ratio: int, head_dim: int) -> int:
     return (4 if ratio == 4 else 2) * head_dim
 
 
+@dataclass(frozen=True)
+class LayerKind:
+    """One compressor layer kind: the widths and row counts its tensors must have."""
+
+    ratio: int
+    head_dim: int
+    online: bool
+    state_width: int  # last dim of a state-pool row
+    input_width: int  # last dim of kv_score_input
+    ape_rows: int     # rows of ape (the positional bias)
+
+
+def _layer_kind(ratio: int, head_dim: int, online: bool) -> LayerKind:
+    return LayerKind(ratio, head_dim, online, state_width(ratio, head_dim, online),
+                     input_width(ratio, head_dim), 2 * ratio if ratio == 4 else ratio)
+
+
+# Every supported (ratio, head_dim, online) combination.
+LAYER_KINDS: Final = {
+    (k.ratio, k.head_dim, k.online): k
+    for k in [_layer_kind(r, h, False) for r, hs in HEAD_DIMS.items() for h in hs]
+    + [_layer_kind(128, h, True) for h in ONLINE_HEAD_DIMS]
+}
+
+
 def mtp_write_pad(ratio: int, ring_size: int) -> int:
     """Trailing tokens a prefill keeps resident for speculative decoding."""
     w = window_size(ratio)
@@ -170,6 +195,10 @@ class CacheFormat:
     def page_bytes(self, page_size: int) -> int:
         raw = page_size * self.bytes_per_token
         return -(-raw // self.page_align) * self.page_align
+
+    def cache_row_bytes(self, page_size: int) -> int:
+        """Bytes of one row of the ``kvcache`` tensor: a page, or for bf16 rows ``page_size`` rows."""
+        return self.data_bytes * page_size if self.scale_bytes == 0 else self.page_bytes(page_size)
 
 
 # Main KV, V4: 448 e4m3 + 64 bf16 rope = 576 B data; 7 ue8m0 + 1 pad = 8 B.
