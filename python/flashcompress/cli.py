@@ -3,6 +3,7 @@
     flashcompress prewarm [SPEC ...] [--model M] [--all] [--arch A] [-j N] [--list | --dry-run]
     flashcompress cache info | list | verify [--delete-bad] | clean [--stale]
     flashcompress config [--markdown]
+    flashcompress check [--model M] [--device cuda|cuda:N|cpu]
     flashcompress demo [ARGS ...]
     flashcompress --version
 
@@ -353,6 +354,30 @@ def _version_line(text: str) -> str:
     return lines[0] if lines else "version unknown"
 
 
+def _cmd_check(args: argparse.Namespace, out: TextIO) -> int:
+    from .jit.settings import get_settings
+    from .testing.check import NoGpuError, check_device, run_check
+
+    try:
+        device = check_device(args.device)
+    except NoGpuError as exc:
+        print(f"flashcompress check: {exc}", file=sys.stderr)
+        return 1
+    except ValueError as exc:
+        print(f"flashcompress check: {exc}", file=sys.stderr)
+        return 2
+    settings = get_settings()
+    if device.type == "cuda" and settings.backend == "torch":
+        print(f"flashcompress check: the backend setting is 'torch' (from {settings.origin('backend')}), so CUDA "
+              "tensors would not reach the kernels; unset FLASHCOMPRESS_BACKEND to check them", file=sys.stderr)
+        return 2
+    print(f"flashcompress check: {args.model} on {device}: kernels against the PyTorch backend", file=out, flush=True)
+    report = run_check(args.model, device, seed=args.seed, progress=lambda line: print(line, file=out, flush=True))
+    print(file=out)
+    print(report.table(), file=out)
+    return 0 if report.ok else 1
+
+
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     import importlib
 
@@ -418,6 +443,24 @@ def _parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="show effective settings")
     config.add_argument("--markdown", action="store_true", help="print the settings reference table")
     config.set_defaults(func=_cmd_config)
+
+    from .jit.models import MODELS
+
+    check = sub.add_parser(
+        "check", help="check the kernels against the PyTorch backend on this GPU",
+        description="Build (or load) every kernel variant of a model preset, run a short engine script per "
+                    "layer kind (C4 main, C4 indexer FP8/FP4, C128, online C128) through the kernels and "
+                    "through the PyTorch backend from identical inputs, compare plans, state, compressed rows "
+                    "and cache bytes (the GPU test suite's tolerances) and compress_and_store against the "
+                    "two-step path, and print one table. Exit status 0 only if every check passes; 1 on a "
+                    "mismatch or without a GPU.")
+    check.add_argument("--model", default="deepseek-v4-flash", choices=sorted(MODELS),
+                       help="model preset (default deepseek-v4-flash)")
+    check.add_argument("--device", default="cuda",
+                       help="cuda, cuda:N (default cuda) or cpu: a self-test of the check itself "
+                            "(PyTorch backend on both sides, nothing built)")
+    check.add_argument("--seed", type=int, default=0, help="seed of the inputs (default 0)")
+    check.set_defaults(func=_cmd_check)
 
     demo = sub.add_parser("demo", help="run the demo (flashcompress.testing.demo)", add_help=False)
     demo.add_argument("demo_args", nargs=argparse.REMAINDER)
