@@ -8,7 +8,8 @@ It plays the part of a serving engine around one layer's compressors:
   mapping every full page to its own shuffled SWA page (int64, length
   ``full_size + 256 + 1``, last element -1), ``swa_page_size`` 256;
 * per compressor a **state pool** sized as the engine sizes it (``spec/compressor.md``
-  §2.1), poisoned with NaN except the cleared last row, and a **compressed KV cache**
+  §2.1), poisoned with NaN (``Scenario.state_fill``) except the cleared last row (the clearing
+  convention, which ``Scenario.clear_rows=False`` skips), and a **compressed KV cache**
   (uint8 ``[pages, page_bytes]``, page 64 for ratio 4, 2 for ratio 128, or 1024-byte
   bf16 rows with page 1) filled with a poison byte;
 * a **schedule**: every request's sequence split at random into prefill chunks, decode
@@ -118,6 +119,8 @@ class Scenario:
     flat_state_prob: float = 0.3  # pass the state pool flat instead of the paged view
     out_prob: float = 0.3  # pass a NaN-filled ``out=`` to compress_forward
     fused: bool = False  # call compress_and_store instead of the two ops (no output rows to check)
+    state_fill: float = float("nan")  # what a fresh state pool holds (torch.empty garbage, poisoned)
+    clear_rows: bool = True  # the clearing convention: last row, and a fresh request-ring C4 slot's rows
 
     @property
     def ring(self) -> int:
@@ -444,8 +447,8 @@ class Simulator:
             if h not in (L.ONLINE_HEAD_DIMS if sc.online else L.HEAD_DIMS[sc.ratio]):
                 raise ValueError(f"head_dim {h} unsupported for this scenario")
             width = L.state_width(sc.ratio, h, sc.online)
-            state = torch.full((rows, width), float("nan"), dtype=sc.state_dtype)
-            if not sc.online:  # the pool's cleared sentinel row: kv half 0, score half -inf
+            state = torch.full((rows, width), sc.state_fill, dtype=sc.state_dtype)
+            if sc.clear_rows and not sc.online:  # the pool's cleared sentinel row: kv half 0, score half -inf
                 state[-1, : width // 2] = 0
                 state[-1, width // 2 :] = float("-inf")
             in_w = L.input_width(sc.ratio, h)
@@ -486,7 +489,7 @@ class Simulator:
                 locs = [rq.full_loc(p) for p in range(len(rq.pages) * SWA_PAGE)]
                 row[: len(locs)] = torch.tensor(locs, dtype=torch.int32)
                 self.req_to_token[rq.rid] = row.to(self.device)
-                if self.sc.ratio == 4 and self.sc.use_req_ring:
+                if self.sc.clear_rows and self.sc.ratio == 4 and self.sc.use_req_ring:
                     # the engine clears a fresh slot's C4 rows (kv 0, score -inf)
                     ring = self.sc.ring
                     for c in self.comp:
