@@ -92,3 +92,29 @@ def test_relative_links_resolve() -> None:
                 continue
             assert (path.parent / target).exists(), f"{path.name}: broken link {target}"
         assert "shared/" not in path.read_text(), f"{path.name} refers to material outside the repo"
+
+
+def test_guide_page_count_formula_is_the_helpers() -> None:
+    """§4 states one page-count formula; the runnable ``cache_pages`` helper computes that formula,
+    and its caches hold the entry of every full-KV location, the padding page's included."""
+    import math
+
+    text = (DOCS / "engine-guide.md").read_text()
+    assert "pages = ceil((full_size + 256) / r / P)" in text
+    ns = run_doc(DOCS / "engine-guide.md")
+    for full_size in (1024, 4096, 65536, 3 * 256):
+        for ratio, page in ((4, 64), (128, 2), (4, 1)):
+            pages = ns["cache_pages"](full_size, ratio, page)
+            assert pages == math.ceil((full_size + 256) / ratio / page)
+            last_slot = (full_size + 256 - 1) // ratio  # out_loc of the last location's window
+            assert last_slot // page == pages - 1
+
+
+def test_guide_works_every_layer_kind() -> None:
+    """Worked examples for C4, C128 and online C128 (second chunk, MTP bank) exist and run."""
+    text = (DOCS / "engine-guide.md").read_text()
+    for heading in ("### 8.1 C4", "### 8.2 C128", "### 8.3 Online C128"):
+        assert heading in text
+    ns = run_doc(DOCS / "engine-guide.md")
+    assert ns["cache128"].any() and ns["cache_on"].any()  # both stored entries
+    assert ns["online"].shape == (10, 1536) and ns["logical"] == 5
