@@ -358,7 +358,7 @@ def test_cache_info_list_verify_clean(jit_env: dict[str, str], tmp_path: Path, m
     assert len(rows) == 2 and all(re.fullmatch(r"selftest\(block=128, value=3\) @ cuda:9\.0a\s+ok\s+/\S+", r)
                                   for r in rows), rows
 
-    code, out, _ = run_cli("cache", "clean", "--stale", capsys=capsys)
+    code, out, _ = run_cli("cache", "clean", "--stale", "--yes", capsys=capsys)
     assert code == 0 and "removed 3 item(s)" in out
     assert leaf.is_dir() and not (private / "0.0.1").exists()
 
@@ -371,8 +371,11 @@ def test_cache_info_list_verify_clean(jit_env: dict[str, str], tmp_path: Path, m
     assert re.search(r"^selftest\(block=128, value=3\) @ cuda:9\.0a\s+BAD: \S+\.so: size 100 != manifest \d+\s+"
                      + re.escape(str(leaf)) + "$", out, re.M), out
 
-    code, out, _ = run_cli("cache", "clean", capsys=capsys)
+    code, _, err = run_cli("cache", "clean", capsys=capsys)  # stdin is no terminal: refused, nothing removed
+    assert code == 1 and "--yes" in err and "refusing" in err and library.is_file()
+    code, out, _ = run_cli("cache", "clean", "--yes", capsys=capsys)
     assert code == 0 and not list(private.glob("*/*"))
+    assert "removed 1 item(s)" in out  # the one entry left, not the version directories holding it
     assert (private / cache.CACHEDIR_TAG).is_file()
 
     untagged = tmp_path / "not-a-cache"

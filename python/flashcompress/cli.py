@@ -1,7 +1,7 @@
 """The ``flashcompress`` command line (also ``python -m flashcompress``).
 
     flashcompress prewarm [SPEC ...] [--model M] [--all] [--arch A] [-j N] [--list | --dry-run]
-    flashcompress cache info | list | verify [--delete-bad] | clean [--stale]
+    flashcompress cache info | list | verify [--delete-bad] | clean [--stale] [--yes]
     flashcompress config [--markdown]
     flashcompress check [--model M] [--device cuda|cuda:N|cpu]
     flashcompress demo [ARGS ...]
@@ -158,7 +158,16 @@ def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
         return 2
     try:
         keys = variant_set(args.specs, models=args.model or (), all_variants=args.all, archs=args.arch)
-    except (ValueError, errors.UnknownFamily, ImportError) as exc:
+    except errors.UnknownFamily:
+        from .jit.family import discover_families
+
+        families = discover_families()
+        unknown = [name for name in (spec.split(":", 1)[0].strip() for spec in args.specs) if name not in families]
+        public = sorted(name for name, fam in families.items() if fam.space is not None)  # not the test family
+        print(f"flashcompress prewarm: unknown JIT kernel family {unknown[0] if unknown else '?'!r}; "
+              f"known: {', '.join(public)}", file=sys.stderr)
+        return 2
+    except (ValueError, ImportError) as exc:
         print(f"flashcompress prewarm: {exc}", file=sys.stderr)
         return 2
     if args.list:
@@ -180,6 +189,11 @@ def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{len(keys)} variant(s); nothing compiled (dry run)", file=out)
         return 0
 
+    for target in dict.fromkeys(key.target for key in keys if key.target.startswith("hip:")):
+        problem = _hip_target_problem(target)
+        if problem:
+            print(f"flashcompress prewarm: UnsupportedTarget: {problem}. Nothing was built.", file=sys.stderr)
+            return 2
     n_jobs, note = prewarm_jobs(args.jobs)
     if note:
         print(f"note: {note}", file=out)
@@ -232,6 +246,33 @@ def _cmd_prewarm(args: argparse.Namespace, out: TextIO) -> int:
         if r.warmup and r.warmup.startswith("failed"):
             print(f"  warm launch {r.warmup}", file=out)
     return 1 if failures else 0
+
+
+def _hip_target_problem(target: str) -> str | None:
+    """Why this machine's hipcc cannot compile for ``target`` (``hip:gfx942``), or None.
+
+    One syntax-only compile of an empty file (about a second): a clang that does not know
+    the GPU fails at the driver with "invalid target ID", before any of our sources.
+    Without a HIP toolchain there is nothing to ask (the build reports that itself).
+    """
+    import os
+    import subprocess
+
+    from .jit.toolchain import ToolchainUnavailable, get_toolchain
+
+    arch = target.split(":", 1)[1]
+    try:
+        compiler = get_toolchain("hip", None).device_compiler
+    except (ToolchainUnavailable, RuntimeError):
+        return None
+    proc = subprocess.run([str(compiler), f"--offload-arch={arch}", "-x", "hip", "-fsyntax-only", os.devnull],
+                          capture_output=True, text=True, env=dict(os.environ, HIP_PLATFORM="amd"), check=False)
+    if proc.returncode == 0:
+        return None
+    errors = [line.strip() for line in proc.stderr.splitlines() if "error" in line]
+    reason = errors[0] if errors else f"exit status {proc.returncode}"
+    return (f"{compiler} cannot compile for {arch} ({reason[:160]}); use a ROCm release whose clang supports "
+            f"{arch}, or give --arch a target this hipcc knows")
 
 
 # --------------------------------------------------------------------------- cache
@@ -289,6 +330,12 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
         print(f"{len(results)} entries verified, {bad} bad", file=out)
         return 1 if bad else 0
     if args.action == "clean":
+        from .jit.maintenance import REMOVABLE_WHEN_STALE
+
+        items = [i for i in classify(root) if not args.stale or i.status in REMOVABLE_WHEN_STALE]
+        what = f"{len(items)} {'stale ' if args.stale else ''}item(s) ({_human_size(sum(i.entry.size for i in items))})"
+        if items and not args.yes and not _confirm(f"remove {what} under {root}?"):
+            return 1
         try:
             removed, freed = clean(root, stale_only=args.stale)
         except RuntimeError as exc:
@@ -296,9 +343,27 @@ def _cmd_cache(args: argparse.Namespace, out: TextIO) -> int:
             return 1
         for path in removed:
             print(f"removed {path}", file=out)
-        print(f"removed {len(removed)} item(s), {_human_size(freed)} freed", file=out)
+        # a full clean removes whole version directories: count the cache items they held
+        count = len(removed) if args.stale else len(items)
+        print(f"removed {count} item(s), {_human_size(freed)} freed", file=out)
         return 0
     raise AssertionError(args.action)  # pragma: no cover
+
+
+def _confirm(question: str) -> bool:
+    """Ask ``question [y/N]`` on a terminal; without one, refuse (``--yes`` skips the question)."""
+    if not _isatty(sys.stdin):
+        print(f"flashcompress cache clean: refusing to {question[:-1]} without confirmation: stdin is not a "
+              "terminal; pass --yes to clean without asking. Nothing was removed.", file=sys.stderr)
+        return False
+    try:
+        answer = input(f"{question[0].upper()}{question[1:]} [y/N] ")
+    except EOFError:
+        answer = ""
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    print("flashcompress cache clean: nothing removed", file=sys.stderr)
+    return False
 
 
 # --------------------------------------------------------------------------- config / demo
@@ -434,13 +499,34 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("--no-warmup", action="store_true", help="skip the warm launch on the GPU")
     pre.set_defaults(func=_cmd_prewarm)
 
-    cache = sub.add_parser("cache", help="inspect or clean the kernel cache")
-    cache.add_argument("action", choices=("info", "list", "verify", "clean"))
-    cache.add_argument("--stale", action="store_true", help="clean: only stale/other-version/failed/debris")
-    cache.add_argument("--delete-bad", action="store_true", help="verify: remove entries that fail")
-    cache.set_defaults(func=_cmd_cache)
+    cache = sub.add_parser(
+        "cache", help="inspect or clean the kernel cache",
+        description="Inspect or clean the compiled-kernel cache (FLASHCOMPRESS_CACHE_DIR).")
+    actions = cache.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("info", help="cache directory, package version, size and item counts by status",
+                       description="Print the cache directory, the package version, the total size and the "
+                                   "number of items by status (current, stale, other-version, failed, ...).")
+    actions.add_parser("list", help="one line per cache item: status, size, age, version, variant, path",
+                       description="List every cache item with its status, size, age, package version, "
+                                   "variant and path.")
+    verify = actions.add_parser("verify", help="hash-check and load every entry; exit 1 if one is bad",
+                                description="Check every published entry (manifest, size, sha256, dlopen, "
+                                            "exports); exit status 1 if any is bad.")
+    verify.add_argument("--delete-bad", action="store_true", help="remove the entries that fail")
+    clean = actions.add_parser("clean", help="remove cache items (asks first unless --yes)",
+                               description="Remove the whole cache content, or with --stale only stale, "
+                                           "other-version and failed items and build debris. Asks for "
+                                           "confirmation; without a terminal it refuses unless --yes.")
+    clean.add_argument("--stale", action="store_true",
+                       help="only stale / other-version / failed items and debris")
+    clean.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
+    cache.set_defaults(func=_cmd_cache, delete_bad=False, stale=False, yes=False)
 
-    config = sub.add_parser("config", help="show effective settings")
+    config = sub.add_parser(
+        "config", help="show effective settings",
+        description="Print every setting's effective value and where it came from (shipped defaults, user "
+                    "config file or FLASHCOMPRESS_* environment variable), the user config file, the target "
+                    "variants are built for and the compilers that build them.")
     config.add_argument("--markdown", action="store_true", help="print the settings reference table")
     config.set_defaults(func=_cmd_config)
 
@@ -478,8 +564,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = argparse.Namespace(func=_cmd_demo, demo_args=argv[1:])
     else:
         args = _parser().parse_args(argv)
+    import warnings
+
     from .jit.settings import SettingsError
 
+    def show(message, category, filename, lineno, file=None, line=None):  # one plain line, no source line
+        print(f"flashcompress: warning: {message}", file=sys.stderr)
+
+    warnings.showwarning = show
     try:
         return int(args.func(args, sys.stdout))
     except SettingsError as exc:

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 __all__ = ["SCHEMA", "Setting", "Settings", "SettingsError", "debug_checks_enabled", "default_config_path",
            "forget_settings", "get_settings", "jit_enabled_for", "markdown_table", "reload_settings",
-           "user_config_path"]
+           "user_config_path", "validated"]
 
 ENV_PREFIX = "FLASHCOMPRESS_"
 CONFIG_ENV = "FLASHCOMPRESS_CONFIG"
@@ -44,7 +45,15 @@ def _parse_bool(text: str) -> bool:
         return True
     if value in ("", "0", "false", "no", "off"):
         return False
-    raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
+    raise ValueError(f"must be a boolean (1/0, true/false), got {text!r}")
+
+
+def _parse_count(value: Any) -> int:
+    """A non-negative integer from TOML (an int) or the environment (decimal digits)."""
+    text = value.strip() if isinstance(value, str) else value
+    if isinstance(text, bool) or not (isinstance(text, int) or (isinstance(text, str) and text.isdigit())):
+        raise ValueError(f"must be a non-negative integer, got {value!r}")
+    return int(text)
 
 
 def _parse_list(text: str) -> list[str]:
@@ -66,7 +75,11 @@ class Setting:
         return ENV_PREFIX + self.key.upper()
 
     def coerce(self, value: Any, origin: str) -> Any:
-        """Convert a TOML value or an environment string to this setting's type."""
+        """Convert a TOML value or an environment string to this setting's type.
+
+        A bad value raises :class:`SettingsError` naming where it came from:
+        ``FLASHCOMPRESS_JOBS must be a non-negative integer, got 'abc'``.
+        """
         try:
             if self.kind == "bool":
                 if isinstance(value, bool):
@@ -75,30 +88,26 @@ class Setting:
                     return _parse_bool(value)
                 if isinstance(value, int) and value in (0, 1):
                     return bool(value)
-                raise ValueError(f"expected a boolean, got {value!r}")
+                raise ValueError(f"must be a boolean, got {value!r}")
             if self.kind == "int":
-                if isinstance(value, bool):
-                    raise ValueError(f"expected an integer, got {value!r}")
-                result = int(value.strip()) if isinstance(value, str) else int(value)
-                if result < 0:
-                    raise ValueError(f"expected a non-negative integer, got {result}")
-                return result
+                return _parse_count(value)
             if self.kind == "list":
                 if isinstance(value, str):
                     return tuple(_parse_list(value))
                 if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
                     return tuple(value)
-                raise ValueError(f"expected a list of strings, got {value!r}")
+                raise ValueError(f"must be a list of strings, got {value!r}")
             if not isinstance(value, str):
-                raise ValueError(f"expected a string, got {value!r}")
+                raise ValueError(f"must be a string, got {value!r}")
             if self.kind == "choice":
                 choice = value.strip().lower()
                 if choice not in self.choices:
-                    raise ValueError(f"expected one of {', '.join(self.choices)}, got {value!r}")
+                    raise ValueError(f"must be one of {', '.join(self.choices)}, got {value!r}")
                 return choice
             return value.strip()
         except ValueError as exc:
-            raise SettingsError(f"{origin}: setting {self.key!r}: {exc}") from None
+            where = self.env if origin == self.env else f"{origin}: setting {self.key!r}"
+            raise SettingsError(f"{where} {exc}") from None
 
 
 SCHEMA: tuple[Setting, ...] = (
@@ -258,13 +267,28 @@ def unknown_environment(environ: Mapping[str, str] | None = None) -> list[tuple[
     return out
 
 
+def _outside_package_stacklevel() -> int:
+    """The ``stacklevel`` of the innermost caller outside flashcompress (and the import machinery),
+    so that a warning names the user's line, not ours; counted from the function calling this."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(2), 2  # level 1 is warn_unknown_environment, 2 its caller
+    while frame is not None and (frame.f_code.co_filename.startswith(package)
+                                 or frame.f_code.co_filename.startswith("<frozen importlib")):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def warn_unknown_environment(environ: Mapping[str, str] | None = None) -> None:
-    """Warn (``UserWarning``) about each unknown ``FLASHCOMPRESS_*`` variable, naming the closest setting."""
+    """Warn (``UserWarning``) about each unknown ``FLASHCOMPRESS_*`` variable, naming the closest setting.
+
+    The warning is attributed to the first caller outside the package, so it shows no line of ours.
+    """
     import warnings
 
     for name, close in unknown_environment(environ):
         hint = f"did you mean {close}?" if close else "`flashcompress config` lists the settings"
-        warnings.warn(f"{name} is not a flashcompress setting and is ignored; {hint}", UserWarning, stacklevel=3)
+        warnings.warn(f"{name} is not a flashcompress setting and is ignored; {hint}", UserWarning,
+                      stacklevel=_outside_package_stacklevel())
 
 
 _CURRENT: Settings | None = None
@@ -311,21 +335,31 @@ _DEBUG: bool | None = None
 _DEVICE_TYPES: dict[Any, str] = {}
 
 
+def validated() -> Settings:
+    """The settings, resolved and checked once per process (until ``reload_settings``).
+
+    The API path calls this on its first call whatever the device (through
+    ``jit_enabled_for``), so a bad value (``FLASHCOMPRESS_BACKEND=cuda``) is a
+    :class:`SettingsError` there too, and an unknown ``FLASHCOMPRESS_*`` variable warns,
+    even when only CPU tensors are used.
+    """
+    return get_settings()
+
+
 def jit_enabled_for(device: Any) -> bool:
     """True when a call on ``device`` (a ``torch.device``) should launch JIT kernels.
 
     CPU tensors always use the PyTorch backend; GPU tensors (``device.type == "cuda"``,
     which includes ROCm builds of torch) use JIT kernels unless ``backend = "torch"``.
+    The first call validates the settings (:func:`validated`), for every device.
     """
     global _JIT_ENABLED
+    if _JIT_ENABLED is None:
+        _JIT_ENABLED = validated().backend != "torch"
     kind = _DEVICE_TYPES.get(device)
     if kind is None:
         kind = _DEVICE_TYPES[device] = getattr(device, "type", device)
-    if kind != "cuda":
-        return False
-    if _JIT_ENABLED is None:
-        _JIT_ENABLED = get_settings().backend != "torch"
-    return _JIT_ENABLED
+    return kind == "cuda" and _JIT_ENABLED
 
 
 def debug_checks_enabled() -> bool:

@@ -29,10 +29,17 @@ _CUDA_ARCH = re.compile(r"(?:sm_?|compute_)?(\d+)\.?(\d)([af]?)")
 _HIP_ARCH = re.compile(r"gfx[0-9a-f]+(?::[a-z0-9+-]+)*")
 
 
+CUDA_SPELLINGS = "'9.0a', 'sm_90a', 'sm90a', '90a' or 'cuda:9.0a' (likewise 10.0a; 8.0, sm_80, 8.6, 8.9 before 9.0)"
+MIN_CUDA_MAJOR = 8  # the kernels need sm_80 or newer (bf16, cp.async)
+
+
 def normalize_target(target: str) -> str:
     """Canonical target string: ``cuda:<M>.<m>[a|f]`` or ``hip:gfx...``.
 
-    Accepts ``"cuda:9.0a"``, ``"9.0a"``, ``"90a"``, ``"sm_90a"``, ``"hip:gfx942"``, ``"gfx942"``.
+    Accepts ``"cuda:9.0a"``, ``"9.0a"``, ``"90a"``, ``"sm_90a"``, ``"sm90a"``, ``"8.0"``, ``"sm_80"``,
+    ``"hip:gfx942"``, ``"gfx942"``.  Refused with a ``ValueError`` listing the accepted spellings:
+    targets below sm_80, and suffix-less forms from 9.0 on (``"sm90"``, ``"9.0"``): a 9.0 GPU is
+    built for the arch-specific ``9.0a``, and ``sm90`` silently meaning something else is a trap.
     """
     text = target.strip()
     backend, _, arch = text.partition(":") if text.startswith(("cuda:", "hip:")) else ("", "", text)
@@ -43,9 +50,19 @@ def normalize_target(target: str) -> str:
     if backend in ("", "cuda"):
         match = _CUDA_ARCH.fullmatch(arch)
         if match:
-            major, minor, suffix = match.groups()
-            return f"cuda:{int(major)}.{minor}{suffix}"
-    raise ValueError(f"bad target {target!r}; expected e.g. 'cuda:9.0a' or 'hip:gfx942'")
+            major, minor, suffix = int(match.group(1)), match.group(2), match.group(3)
+            if major < MIN_CUDA_MAJOR:
+                raise ValueError(f"CUDA target {target!r} (sm_{major}{minor}) is not supported: flashcompress needs "
+                                 f"sm_80 or newer; accepted spellings: {CUDA_SPELLINGS}")
+            if major >= 9 and not suffix:
+                raise ValueError(f"ambiguous CUDA target {target!r}: from 9.0 on give the arch-specific target, "
+                                 f"'{major}.{minor}a' (what a compute capability {major}.{minor} GPU is built for); "
+                                 f"accepted spellings: {CUDA_SPELLINGS}")
+            if major < 9 and suffix:
+                raise ValueError(f"CUDA target {target!r}: there are no '{suffix}' targets before 9.0; "
+                                 f"accepted spellings: {CUDA_SPELLINGS}")
+            return f"cuda:{major}.{minor}{suffix}"
+    raise ValueError(f"bad target {target!r}; expected a CUDA target, {CUDA_SPELLINGS}, or a HIP one, 'gfx942'")
 
 
 def target_arch(target: str) -> str:

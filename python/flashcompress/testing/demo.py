@@ -4,8 +4,9 @@ Simulates what a serving engine does with one DeepSeek-V4 layer's compressors ov
 requests (chunked prefill, then decode steps, batched across requests): build the plan,
 ``compress_forward`` into the state pool, ``compress_norm_rope_store`` into the paged
 cache.  It runs a ratio-4 layer (main KV, head 512, V4 cache + the indexer, head 128,
-FP8 cache; paged-SWA state) and a ratio-128 layer (main KV, V4 cache; request-ring
-state), on the GPU if there is one, else on the CPU.  Every stored cache entry is then
+FP8 cache; paged-SWA state), a ratio-128 layer (main KV, V4 cache; request-ring
+state) and an online ratio-128 layer (main KV, V4 cache; one running-softmax state row
+per request slot), on the GPU if there is one, else on the CPU.  Every stored cache entry is then
 compared with the independent float64 model (:mod:`flashcompress.testing.oracle`), and a short
 report is printed (a legend explains every column).  Progress is printed as each layer starts
 and ends.  On the CPU it uses at most 4 threads (``torch.set_num_threads``; an explicit
@@ -75,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         try:
             device = torch.device(args.device)
-        except (RuntimeError, ValueError) as exc:
-            print(f"flashcompress demo: bad --device {args.device!r}: {exc}", file=sys.stderr)
+        except (RuntimeError, ValueError):
+            device = None
+        if device is None or device.type not in ("cpu", "cuda"):
+            print(f"flashcompress demo: --device must be cpu, cuda or cuda:N, got {args.device!r}", file=sys.stderr)
             return 1
         if device.type == "cuda" and not torch.cuda.is_available():
             print(f"flashcompress demo: --device {args.device} asked for, but CUDA is not available",
@@ -93,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
             num_requests=n, min_len=24, max_len=600, max_decode=24)),
         ("ratio 128 layer: main KV", S.Scenario(
             128, (S.CompressorSpec("main KV", 512, "v4"),),
+            num_requests=n, min_len=150, max_len=700, max_decode=24)),
+        ("online ratio 128 layer: main KV", S.Scenario(
+            128, (S.CompressorSpec("main KV", 512, "v4"),), online=True,
             num_requests=n, min_len=150, max_len=700, max_decode=24)),
     ]
     print(f"flashcompress {flashcompress.__version__} demo: an engine's compressor layers, "
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     worst = 0.0
     for title, res in results:
         sc = res.scenario
-        mode = "request-ring" if sc.req_ring else "paged-SWA"
+        mode = "online" if sc.online else ("request-ring" if sc.req_ring else "paged-SWA")
         print()
         print(f"{title} (ring {sc.ring}, {mode} state)")
         print(f"  requests: lengths {res.request_lengths}")
