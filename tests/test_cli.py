@@ -565,3 +565,126 @@ def test_read_only_commands_import_no_tvm_ffi(private_env: dict[str, str]) -> No
 def test_cache_info_of_entries_imports_no_tvm_ffi(private_env: dict[str, str]) -> None:
     _fake_plan_entry(Path(private_env["FLASHCOMPRESS_CACHE_DIR"]))
     assert "tvm_ffi" not in _imports_of(private_env, "cache", "info")
+
+
+# ----------------------------------------------------------------------------- issue 26, item 9
+
+
+def test_cache_help_describes_every_action_and_options_sit_where_used(
+        private_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["cache", "--help"])
+    out = capsys.readouterr().out
+    assert info.value.code == 0
+    for action, words in (("info", "item counts"), ("list", "one line per cache item"),
+                          ("verify", "hash-check"), ("clean", "asks first")):
+        assert re.search(rf"^\s+{action}\s+.*{words}", out, re.M), out
+    for argv in (["cache", "list", "--delete-bad"], ["cache", "info", "--stale"], ["cache", "verify", "--stale"],
+                 ["cache", "clean", "--delete-bad"]):
+        with pytest.raises(SystemExit) as info:
+            cli.main(argv)
+        assert info.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["config", "--help"])
+    assert "where it came from" in capsys.readouterr().out
+
+
+def test_clean_confirmation(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(cli, "_isatty", lambda stream: False)
+    assert cli._confirm("remove 3 item(s) under /x?") is False
+    assert "refusing" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "_isatty", lambda stream: True)
+    for answer, expected in (("y", True), ("yes", True), ("", False), ("n", False)):
+        monkeypatch.setattr("builtins.input", lambda prompt: answer)
+        assert cli._confirm("remove 3 item(s) under /x?") is expected
+
+
+def test_bad_jobs_value_is_named(private_env: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("FLASHCOMPRESS_JOBS", "abc")
+    code, _, err = run_cli("config", capsys=capsys)
+    assert code == 2 and "FLASHCOMPRESS_JOBS must be a non-negative integer, got 'abc'" in err
+    assert "invalid literal" not in err
+
+
+def test_unknown_variable_warning_names_the_callers_line(private_env: dict[str, str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashcompress.jit import settings
+
+    monkeypatch.setenv("FLASHCOMPRESS_OFLINE", "1")
+    with pytest.warns(UserWarning, match="did you mean FLASHCOMPRESS_OFFLINE") as record:
+        settings.reload_settings()
+    assert record[0].filename == __file__  # this test's line, not one of flashcompress's
+    proc = cli_subprocess(dict(private_env, FLASHCOMPRESS_OFLINE="1"), "config")
+    assert proc.returncode == 0
+    assert proc.stderr.splitlines()[0] == ("flashcompress: warning: FLASHCOMPRESS_OFLINE is not a flashcompress "
+                                           "setting and is ignored; did you mean FLASHCOMPRESS_OFFLINE?")
+    assert ".py:" not in proc.stderr
+
+
+API_CALL = """
+import torch
+from flashcompress import CompressorDecodePlan
+r2t = torch.zeros(2, 16, dtype=torch.int32)
+f2s = torch.zeros(16 + 256 + 1, dtype=torch.int64)
+CompressorDecodePlan.generate(4, torch.tensor([1]), r2t, f2s, torch.tensor([3]), 256, 8)
+print("planned")
+"""
+
+
+def test_settings_are_validated_on_the_api_path(private_env: dict[str, str]) -> None:
+    from _jit_helpers import run_python
+
+    proc = run_python(API_CALL, dict(private_env, FLASHCOMPRESS_BACKEND="cuda"))
+    assert proc.returncode == 1 and "planned" not in proc.stdout
+    assert "SettingsError: FLASHCOMPRESS_BACKEND must be one of auto, torch, jit, got 'cuda'" in proc.stderr
+    proc = run_python(API_CALL, dict(private_env, FLASHCOMPRESS_OFLINE="1"))
+    assert proc.returncode == 0 and "planned" in proc.stdout
+    assert "<string>:6: UserWarning: FLASHCOMPRESS_OFLINE is not a flashcompress setting" in proc.stderr
+
+
+def test_prewarm_unknown_family_hides_the_test_family(private_env: dict[str, str],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run_cli("prewarm", "nosuch", capsys=capsys)
+    assert code == 2 and "unknown JIT kernel family 'nosuch'; known: compress, plan, store" in err
+    assert "selftest" not in err
+
+
+@pytest.mark.parametrize("arch,target", [("sm_90a", "cuda:9.0a"), ("sm90a", "cuda:9.0a"), ("9.0a", "cuda:9.0a"),
+                                         ("cuda:10.0a", "cuda:10.0a"), ("8.0", "cuda:8.0"), ("sm_86", "cuda:8.6")])
+def test_arch_spellings_accepted(private_env: dict[str, str], capsys: pytest.CaptureFixture[str], arch: str,
+                                 target: str) -> None:
+    code, out, _ = run_cli("prewarm", "--list", "plan:ratio=4,online=false", "--arch", arch, capsys=capsys)
+    assert code == 0 and f"@ {target}\n" in out
+
+
+@pytest.mark.parametrize("arch,message", [("sm90", "ambiguous CUDA target 'sm90'"), ("9.0", "'9.0a'"),
+                                          ("7.5", "needs sm_80 or newer"), ("sm_70", "needs sm_80 or newer"),
+                                          ("8.6a", "no 'a' targets before 9.0")])
+def test_arch_spellings_refused(private_env: dict[str, str], capsys: pytest.CaptureFixture[str], arch: str,
+                                message: str) -> None:
+    code, _, err = run_cli("prewarm", "--list", "plan:ratio=4,online=false", "--arch", arch, capsys=capsys)
+    assert code == 2 and message in err and "accepted spellings: '9.0a', 'sm_90a', 'sm90a'" in err
+
+
+def test_hip_target_the_compiler_cannot_build_is_named(private_env: dict[str, str], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from flashcompress.jit import toolchain
+
+    fake = tmp_path / "hipcc"
+    fake.write_text("#!/bin/sh\necho \"clang: error: invalid target ID 'gfx942'; format is ...\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(toolchain, "get_toolchain", lambda backend, root: types.SimpleNamespace(device_compiler=fake))
+    code, out, err = run_cli("prewarm", "selftest:value=3,block=128", "--arch", "gfx942", capsys=capsys)
+    assert code == 2 and err.startswith("flashcompress prewarm: UnsupportedTarget: ")
+    assert f"{fake} cannot compile for gfx942" in err and "Nothing was built" in err
+    assert "prewarming" not in out and not (Path(private_env["FLASHCOMPRESS_CACHE_DIR"]) / "0.1.0").exists()
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    assert cli._hip_target_problem("hip:gfx942") is None
+
+
+def test_demo_bad_device_is_one_line(private_env: dict[str, str]) -> None:
+    proc = cli_subprocess(private_env, "demo", "--device", "gpu")
+    assert proc.returncode == 1
+    assert proc.stderr.strip() == "flashcompress demo: --device must be cpu, cuda or cuda:N, got 'gpu'"
