@@ -115,8 +115,9 @@ SCHEMA: tuple[Setting, ...] = (
             "writable wherever a variant may be built; a prewarmed cache may be read-only."),
     Setting("gpu_backend", "choice", "GPU toolchain: `auto` (HIP when torch is a ROCm build, else CUDA), "
             "`cuda` (nvcc) or `hip` (hipcc). Chosen once per process.", ("auto", "cuda", "hip")),
-    Setting("cuda_arch", "str", "CUDA target override, e.g. `9.0a`. Empty: the current GPU's compute "
-            "capability (`a` suffix from 9.0 on), else the first of `default_cuda_archs`."),
+    Setting("cuda_arch", "str", "CUDA target override, e.g. `9.0a` (also `sm_90a`, `sm90a`, `90a`, `cuda:9.0a`; "
+            "from 9.0 on the suffix is required, and targets below sm_80 are refused). Empty: the current GPU's "
+            "compute capability (`a` suffix from 9.0 on), else the first of `default_cuda_archs`."),
     Setting("hip_arch", "str", "HIP target override, e.g. `gfx942`. Empty: the current GPU's "
             "`gcnArchName`, else the first of `default_hip_archs`."),
     Setting("default_cuda_archs", "list", "CUDA targets for machines without a GPU (build boxes, CI); "
@@ -391,7 +392,9 @@ def markdown_table() -> str:
         "`flashcompress/default-cache-config.toml`), the user file (`$FLASHCOMPRESS_CONFIG`, else "
         "`$XDG_CONFIG_HOME/flashcompress/config.toml`, else `~/.config/flashcompress/config.toml`; flat "
         "`key = value` lines), then the environment variable. Booleans accept `1/0/true/false/yes/no/on/off`. "
-        "Settings are read once per process. `flashcompress config` prints the effective values and "
+        "Settings are read and validated once per process, on the first API call (whatever the tensors' "
+        "device) or CLI command: a bad value is a `SettingsError` naming the variable. `flashcompress config` "
+        "prints the effective values and "
         "where each came from. An unknown `FLASHCOMPRESS_*` variable gets a warning naming the closest "
         "setting; an empty `cache_dir` is an error (not the current directory).",
         "",
