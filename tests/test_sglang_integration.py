@@ -48,7 +48,7 @@ import torch
 
 import flashcompress as fc
 import flashcompress.integrations.sglang as fc_sglang
-from flashcompress.layouts import INDEXER_FP8, MAIN_V4
+from flashcompress.layouts import INDEXER_FP4, INDEXER_FP8, MAIN_V4
 
 VERSION = "0.5.23"
 REPO = Path(__file__).resolve().parent.parent
@@ -176,6 +176,8 @@ class Layer:
     head_dim: int
     indexer: bool
     in_dtype: torch.dtype
+    online: bool  # online C128: one running-state row per request slot
+    fp4: bool  # FP4 indexer cache
     ape: torch.Tensor
     norm_weight: torch.Tensor
     state: torch.Tensor  # [rows, width] fp32
@@ -188,9 +190,24 @@ class Layer:
         return self.state.shape[1]
 
 
+@dataclass(frozen=True)
+class Variant:
+    """Which of SGLang's compressor configurations the world uses."""
+
+    fp4_indexer: bool = False  # the backend's enable_deepseek_v4_fp4_indexer
+    online_c128: bool = False  # SGLANG_OPT_USE_ONLINE_COMPRESS=1
+
+    def __str__(self) -> str:
+        return "+".join(n for n, on in (("fp4-indexer", self.fp4_indexer), ("online-c128", self.online_c128)) if on) or "v4"
+
+
+VARIANTS = [Variant(), Variant(fp4_indexer=True, online_c128=True)]
+
+
 @dataclass
 class World:
     device: torch.device
+    variant: Variant
     layers: list[Layer]
     req_to_token: torch.Tensor
     full_to_swa: torch.Tensor
@@ -203,26 +220,34 @@ def _round_up(x: int, m: int) -> int:
     return -(-x // m) * m
 
 
-def make_world(device: str) -> World:
+def _state_pool(ratio: int, head_dim: int, online: bool, g: torch.Generator) -> torch.Tensor:
+    """A state pool sized as the engine guide says; garbage rows (the kernels must not read them)."""
+    if online:
+        return torch.randn(SLOTS + 2, 3 * head_dim, generator=g)
+    width, ring = (4 if ratio == 4 else 2) * head_dim, RING[ratio]
+    rows = FULL_TOKENS // SWA_PAGE * ring if ratio == 4 else SLOTS * ring
+    state = torch.randn(_round_up(rows + ring + 1, ratio), width, generator=g)
+    state[-1, : width // 2], state[-1, width // 2:] = 0.0, float("-inf")  # the cleared last row
+    return state
+
+
+def make_world(device: str, variant: Variant = Variant()) -> World:
     """Three layers of DeepSeek-V4 (C4 main / C4 indexer / C128 main), filled from one seed."""
     dev = torch.device(device)
     g = torch.Generator().manual_seed(30)
     layers = []
     for ratio, head_dim, indexer, in_dtype in ((4, 512, False, torch.bfloat16), (4, 128, True, torch.float32),
                                                (128, 512, False, torch.float32)):
-        width = (4 if ratio == 4 else 2) * head_dim
-        ring = RING[ratio]
-        rows = FULL_TOKENS // SWA_PAGE * ring if ratio == 4 else SLOTS * ring
-        state = torch.randn(_round_up(rows + ring + 1, ratio), width, generator=g)
-        state[-1, : width // 2], state[-1, width // 2:] = 0.0, float("-inf")  # the cleared last row
+        online, fp4 = ratio == 128 and variant.online_c128, indexer and variant.fp4_indexer
         page_size = SWA_PAGE // ratio if ratio == 4 else 2
-        fmt = INDEXER_FP8 if indexer else MAIN_V4
+        fmt = (INDEXER_FP4 if fp4 else INDEXER_FP8) if indexer else MAIN_V4
         pages = -(-(FULL_TOKENS // ratio) // page_size)
+        width = (4 if ratio == 4 else 2) * head_dim
         layers.append(Layer(
-            ratio, head_dim, indexer, in_dtype,
+            ratio, head_dim, indexer, in_dtype, online, fp4,
             ape=torch.randn(8 if ratio == 4 else 128, head_dim, generator=g).to(dev),
             norm_weight=(1 + 0.1 * torch.randn(head_dim, generator=g)).to(dev),
-            state=state.to(dev),
+            state=_state_pool(ratio, head_dim, online, g).to(dev),
             cache=torch.zeros(pages, fmt.page_bytes(page_size), dtype=torch.uint8, device=dev),
             page_size=page_size,
             inputs=torch.randn(SLOTS, MAX_LEN, width, generator=g).to(in_dtype).to(dev),
@@ -230,7 +255,7 @@ def make_world(device: str) -> World:
     locs = torch.arange(FULL_TOKENS, dtype=torch.int32).view(SLOTS, MAX_LEN)
     full_to_swa = torch.cat([torch.arange(FULL_TOKENS + SWA_PAGE), torch.tensor([-1])])
     angles = torch.arange(MAX_LEN)[:, None] * (10000.0 ** (-torch.arange(32) / 32))[None, :]
-    return World(dev, layers, locs.to(dev), full_to_swa.to(dev), torch.polar(torch.ones_like(angles), angles).to(dev))
+    return World(dev, variant, layers, locs.to(dev), full_to_swa.to(dev), torch.polar(torch.ones_like(angles), angles).to(dev))
 
 
 # Each step: (kind, [(request slot, prefix length, new tokens)]).  Request 1 is prefilled in two
@@ -265,18 +290,23 @@ def snapshot(world: World) -> list[torch.Tensor]:
 def _direct_plan(world: World, ratio: int, reqs: list[tuple[int, int, int]], decode: bool):
     rpi = torch.tensor([r for r, _, _ in reqs], dtype=torch.int64, device=world.device)
     seq = torch.tensor([p + n for _, p, n in reqs], dtype=torch.int64)
-    if decode:
-        return fc.CompressorDecodePlan.generate(ratio, rpi, world.req_to_token, world.full_to_swa, seq.to(world.device),
-                                                SWA_PAGE, RING[ratio])
     ext = torch.tensor([n for _, _, n in reqs], dtype=torch.int64)
-    return fc.CompressorPrefillPlan.generate(ratio, rpi, seq, ext, world.req_to_token, world.full_to_swa, SWA_PAGE,
-                                             RING[ratio], int(ext.sum()))
+    r2t, dev = world.req_to_token, world.device
+    if ratio == 128 and world.variant.online_c128:
+        if decode:
+            return fc.CompressorDecodePlan.generate_online(seq.to(dev), rpi, r2t)
+        return fc.CompressorPrefillPlan.generate_online(seq, ext, rpi, r2t, int(ext.sum()))
+    if decode:
+        return fc.CompressorDecodePlan.generate(ratio, rpi, r2t, world.full_to_swa, seq.to(dev), SWA_PAGE, RING[ratio])
+    return fc.CompressorPrefillPlan.generate(ratio, rpi, seq, ext, r2t, world.full_to_swa, SWA_PAGE, RING[ratio],
+                                             int(ext.sum()))
 
 
 def _direct_layer(world: World, layer: Layer, plan, inp: torch.Tensor, loc: torch.Tensor) -> None:
-    kv = fc.compress_forward(layer.state, inp, layer.ape, plan, head_dim=layer.head_dim, compress_ratio=layer.ratio)
+    kv = fc.compress_forward(layer.state, inp, layer.ape, plan, head_dim=layer.head_dim, compress_ratio=layer.ratio,
+                             is_online=layer.online)
     fc.compress_norm_rope_store(kv, plan, norm_weight=layer.norm_weight, norm_eps=EPS, freq_cis=world.freqs_cis,
-                                out_loc=loc, kvcache=layer.cache, page_size=layer.page_size)
+                                out_loc=loc, kvcache=layer.cache, page_size=layer.page_size, use_fp4=layer.fp4)
 
 
 def run_direct(world: World) -> list[list[torch.Tensor]]:
@@ -353,7 +383,7 @@ class SGLangEngine:
         backend_cls = type("Backend", (sgl.layer.CompressorBackendMixin,), {})
         self.backend = backend_cls()
         self.backend.token_to_kv_pool = _Pool(world)
-        self.backend.enable_deepseek_v4_fp4_indexer = False
+        self.backend.enable_deepseek_v4_fp4_indexer = world.variant.fp4_indexer
         self.sgl, self.world = sgl, world
         self.compressors = [_Compressor(world, layer) for layer in world.layers]
 
@@ -443,9 +473,9 @@ def _assert_same(got: list[list[torch.Tensor]], want: list[list[torch.Tensor]]) 
                 pytest.fail(f"phase {phase}: {name} differs in {bad.shape[0]} bytes, first at {bad[0].tolist()}")
 
 
-def _assert_every_phase_writes(shots: list[list[torch.Tensor]]) -> None:
+def _assert_every_phase_writes(shots: list[list[torch.Tensor]], variant: Variant) -> None:
     """Each compute phase stores into every cache and updates every state pool (the comparison is not vacuous)."""
-    start = snapshot(make_world("cpu"))
+    start = snapshot(make_world("cpu", variant))
     for phase, (before, after) in enumerate(zip([start] + shots, shots)):
         if phase == 2:  # the graph warm-up: padding rows write state, store nothing
             continue
@@ -457,16 +487,19 @@ def _assert_every_phase_writes(shots: list[list[torch.Tensor]]) -> None:
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", VARIANTS, ids=str)
 @pytest.mark.parametrize("fused", [False, True], ids=["two-step", "fused"])
 def test_engine_loop_matches_flashcompress(sgl, no_handle_left, monkeypatch: pytest.MonkeyPatch, device: str,
-                                           fused: bool) -> None:
-    want = run_direct(make_world(device))
+                                           variant: Variant, fused: bool) -> None:
+    if variant.online_c128:
+        monkeypatch.setenv("SGLANG_OPT_USE_ONLINE_COMPRESS", "1")
+    want = run_direct(make_world(device, variant))
     fused_calls = []
     compress_and_store = fc.compress_and_store
     monkeypatch.setattr(fc, "compress_and_store", lambda *a, **k: fused_calls.append(1) or compress_and_store(*a, **k))
     with fc_sglang.apply(fused=fused):
-        got = run_sglang(sgl, make_world(device))
-    _assert_every_phase_writes(want)
+        got = run_sglang(sgl, make_world(device, variant))
+    _assert_every_phase_writes(want, variant)
     _assert_same(got, want)
     calls = (len(PREFILL) + len(EAGER_DECODE) + 1 + len(GRAPH_DECODE)) * 3  # layer calls run eagerly
     if device == "cuda":
