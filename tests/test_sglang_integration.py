@@ -501,9 +501,10 @@ def test_engine_loop_matches_flashcompress(sgl, no_handle_left, monkeypatch: pyt
         got = run_sglang(sgl, make_world(device, variant))
     _assert_every_phase_writes(want, variant)
     _assert_same(got, want)
-    calls = (len(PREFILL) + len(EAGER_DECODE) + 1 + len(GRAPH_DECODE)) * 3  # layer calls run eagerly
-    if device == "cuda":
-        calls -= len(GRAPH_DECODE) * 3  # replays launch, they do not call Python
+    # one call per layer and Python-side step: the graph warm-up, then on CUDA one capture (replays
+    # launch without Python), on the CPU one eager call per graph-style step
+    graph_calls = 1 + (1 if device == "cuda" else len(GRAPH_DECODE))
+    calls = (len(PREFILL) + len(EAGER_DECODE) + graph_calls) * len(want[0]) // 2
     assert len(fused_calls) == (calls if fused else 0)
 
 
@@ -647,9 +648,9 @@ def test_import_is_lazy() -> None:
 
 def test_apply_without_sglang_is_a_named_error(tmp_path: Path) -> None:
     code = ("import flashcompress.integrations.sglang as m\n"
-            "try:\n    m.apply(strict=False)\nexcept m.IntegrationError as e:\n    print('refused:', e)\n")
+            "try:\n    m.apply()\nexcept m.IntegrationError as e:\n    print('refused:', e)\n")
     env = dict(os.environ, PYTHONPATH=str(REPO / "python"))
-    run = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env,
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "refused:" in run.stdout and "sglang.kernels.ops.attention.dsv4" in run.stdout

@@ -55,6 +55,13 @@ def find_bindings(prefix: str, replacements: Mapping[int, tuple[object, object]]
     return found
 
 
+def rebind(prefix: str, bindings: list[Binding]) -> "Handle":
+    """Set every binding's replacement; the returned handle undoes it."""
+    for b in bindings:
+        setattr(b.owner, b.name, b.replacement)
+    return Handle(prefix, bindings)
+
+
 class Handle:
     """What an ``apply()`` changed.  ``revert()`` (or leaving the ``with`` block) undoes it."""
 
@@ -62,8 +69,6 @@ class Handle:
         self._prefix = prefix
         self._bindings = tuple(bindings)
         self._active = True
-        for b in self._bindings:
-            setattr(b.owner, b.name, b.replacement)
 
     @property
     def bindings(self) -> tuple[Binding, ...]:

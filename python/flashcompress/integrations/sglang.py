@@ -25,7 +25,7 @@ import importlib.metadata
 import sys
 import warnings
 
-from ._patching import Binding, Handle, find_bindings
+from ._patching import Binding, Handle, find_bindings, rebind
 from .errors import IntegrationError, UnsupportedFeatureError, UnsupportedVersionError
 
 __all__ = [
@@ -71,7 +71,7 @@ def _check_version(strict: bool) -> None:
     release = None if version is None else version.split("+", 1)[0]
     if release in SUPPORTED_VERSIONS:
         return
-    found = "an SGLang of unknown version" if version is None else f"SGLang {version}"
+    found = "an SGLang whose version cannot be determined" if version is None else f"SGLang {version}"
     message = (f"flashcompress.integrations.sglang supports SGLang {', '.join(SUPPORTED_VERSIONS)}; found {found}. "
                "Pass strict=False to patch it anyway (the names it replaces are listed in docs/sglang.md).")
     if strict:
@@ -126,18 +126,18 @@ def apply(*, fused: bool = False, strict: bool = True) -> Handle:
     ``strict``: refuse an SGLang version not in ``SUPPORTED_VERSIONS``
     (``UnsupportedVersionError``); with ``strict=False`` warn and patch.
     Raises ``IntegrationError`` if SGLang cannot be imported, lacks the ops, or
-    the integration is already applied (revert that handle first).  Nothing is
-    patched when it raises.
+    the integration is already applied (revert that handle first).  SGLang is
+    imported first (its ``__version__`` is the version checked); nothing is
+    patched when ``apply()`` raises.
     """
     global _active
     if not isinstance(fused, bool) or not isinstance(strict, bool):
         raise TypeError(f"apply(fused=..., strict=...) take bools, got fused={fused!r}, strict={strict!r}")
     if _active is not None and _active.active:
         raise IntegrationError("flashcompress.integrations.sglang is already applied; revert() that handle first")
-    _check_version(strict)
     ops = _import(OPS_MODULE)
+    _check_version(strict)
     pairs = _replacements(ops, fused)
     extra = [_fused_binding()] if fused else []
-    bindings = find_bindings("sglang", pairs) + extra
-    _active = Handle("sglang", bindings)
+    _active = rebind("sglang", find_bindings("sglang", pairs) + extra)
     return _active
