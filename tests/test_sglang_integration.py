@@ -39,7 +39,7 @@ import subprocess
 import sys
 import types
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -213,7 +213,6 @@ class World:
     full_to_swa: torch.Tensor
     freqs_cis: torch.Tensor
     layout: object = "v4"
-    steps: list[tuple[str, list[tuple[int, int, int]]]] = field(default_factory=list)
 
 
 def _round_up(x: int, m: int) -> int:
@@ -448,15 +447,15 @@ def run_sglang(sgl: SimpleNamespace, world: World) -> list[list[torch.Tensor]]:
     """The engine loop through SGLang's ``compressor_v2``: one snapshot after each phase (as ``run_direct``)."""
     engine = SGLangEngine(sgl, world)
     shots = []
-    for kind, reqs in PREFILL:
+    for _, reqs in PREFILL:
         engine.step(reqs, decode=False)
     shots.append(snapshot(world))
-    for kind, reqs in EAGER_DECODE:
+    for _, reqs in EAGER_DECODE:
         engine.step(reqs, decode=True)
     shots.append(snapshot(world))
     graph = GraphDecode(engine)
     shots.append(snapshot(world))
-    for kind, reqs in GRAPH_DECODE:
+    for _, reqs in GRAPH_DECODE:
         graph.step(reqs)
     if world.device.type == "cuda":
         torch.cuda.synchronize()
