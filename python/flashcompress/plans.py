@@ -26,26 +26,8 @@ def _empty(rows_bytes: int, device: torch.device) -> torch.Tensor:
     return torch.empty((0, rows_bytes), dtype=torch.uint8, device=device)
 
 
-def check_plan(plan: object, ratio: int | None) -> "CompressorDecodePlan | CompressorPrefillPlan":
-    """A plan object of ours, built for ``ratio`` (any supported ratio when None)."""
-    if not isinstance(plan, _PlanBase):
-        V.fail("plan", "a CompressorDecodePlan or CompressorPrefillPlan", type(plan).__name__, TypeError)
-    if ratio is None:
-        V.check_ratio(plan.compress_ratio)
-    elif plan.compress_ratio != ratio:
-        V.fail("plan", f"a plan built for compress_ratio {ratio}", f"compress_ratio {plan.compress_ratio}")
-    return plan  # type: ignore[return-value]
-
-
-class _PlanBase(tuple):
+class _PlanBase(V.PlanTuple):
     """Tuple-like plan: ``plan[0]`` is the ratio, ``plan[1:]`` the plan tensors."""
-
-    is_decode: bool
-    is_online: bool | None  # None: built from raw tensors, kind unknown
-
-    @property
-    def compress_ratio(self) -> int:
-        return self[0]
 
     def copy_(self, other: "_PlanBase") -> "_PlanBase":
         """Copy ``other``'s plan bytes into this plan's tensors (CUDA-graph replay)."""
