@@ -31,7 +31,7 @@ from typing import NamedTuple, NoReturn
 
 import torch
 
-from .jit.settings import debug_checks_enabled
+from .jit.settings import debug_checks_enabled, jit_enabled_for
 from .layouts import (
     HEAD_DIMS,
     MAX_RAGGED_ID,
@@ -70,6 +70,20 @@ def wants_value_checks(t: torch.Tensor) -> bool:
 def wants_values(device: int) -> bool:
     """``wants_value_checks`` for a ``get_device()`` index (-1: the CPU)."""
     return device < 0 or debug_checks_enabled()
+
+
+def checked_by_binding(device: int) -> int | None:
+    """The device index the op checks its other tensors against, or None where the kernel's
+    binding does it: CUDA tensors on the JIT backend outside ``FLASHCOMPRESS_DEBUG=1``.
+
+    The bindings check every tensor's dtype, shape, contiguity and device, naming the
+    argument, before anything is launched (``jit_kernel/ffi_check.h``), so the Python side
+    leaves the device and contiguity tests to them (about 0.2 µs per tensor); everything a
+    binding cannot see (autograd, aliasing, plan kind, layer kind, row counts) stays here.
+    """
+    if device >= 0 and not debug_checks_enabled() and jit_enabled_for("cuda"):
+        return None
+    return device
 
 
 # --------------------------------------------------------------------------
@@ -432,8 +446,8 @@ def check_layer(compress_ratio: object, head_dim: object, is_online: object, pla
 
 
 def check_plan_tensor(arg: str, t: object, row_bytes: int, device: int | None, grad: bool = False) -> torch.Tensor:
-    """A ``uint8 [rows, row_bytes]`` contiguous plan tensor (on ``device`` when given)."""
-    check_tensor(arg, t, _U8, _2D, device, grad=grad)
+    """A ``uint8 [rows, row_bytes]`` plan tensor (on ``device`` and contiguous; None: left to the binding)."""
+    check_tensor(arg, t, _U8, _2D, device, grad=grad, contiguous=device is not None)
     check_size(arg, t, 1, row_bytes, "plan row bytes")  # type: ignore[arg-type]
     return t  # type: ignore[return-value]
 
@@ -462,14 +476,15 @@ def check_compress(
             fail("kv_score_buffer", f"paged view [pages, {page_rows}, {width}]", f"shape {tuple(shape)}")
         buf = buf.view(-1, width)
     dev = buf.get_device()
-    plan_rows = check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, dev)
+    chk = checked_by_binding(dev)
+    plan_rows = check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, chk)
     plan_w = None
     if not plan.is_decode:
-        plan_w = check_plan_tensor("plan[2]", plan[2], PLAN_ROW_BYTES if online else WRITE_ROW_BYTES, dev)
-    inp = check_tensor("kv_score_input", kv_score_input, dtypes, _2D, dev, grad=grad)
+        plan_w = check_plan_tensor("plan[2]", plan[2], PLAN_ROW_BYTES if online else WRITE_ROW_BYTES, chk)
+    inp = check_tensor("kv_score_input", kv_score_input, dtypes, _2D, chk, grad=grad, contiguous=chk is not None)
     if inp.shape[1] != layer.input_width:
         check_size("kv_score_input", inp, 1, layer.input_width, f"[tokens, {layer.input_width}]")  # raises
-    ape_t = check_tensor("ape", ape, dtypes, _2D, dev, grad=grad)
+    ape_t = check_tensor("ape", ape, dtypes, _2D, chk, grad=grad, contiguous=chk is not None)
     if ape_t.shape != (layer.ape_rows, H):
         fail("ape", f"shape ({layer.ape_rows}, {H})", f"shape {tuple(ape_t.shape)}")
     in_place = "the state pool is updated in place"
@@ -478,7 +493,7 @@ def check_compress(
     check_no_overlap("ape", ape_span, "kv_score_buffer", state_span, in_place)
     n_rows, n_in = plan_rows.shape[0], inp.shape[0]
     if out is not None:
-        out_t = check_tensor("out", out, dtypes, _2D, dev, grad=grad)
+        out_t = check_tensor("out", out, dtypes, _2D, chk, grad=grad, contiguous=chk is not None)
         if out_t.shape != (n_rows, H):
             fail("out", f"shape ({n_rows}, {H}) (one row per plan row)", f"shape {tuple(out_t.shape)}")
         written = "out is written while the others are read"
@@ -490,7 +505,7 @@ def check_compress(
         fail("kv_score_input", f"{n_rows} rows (one per decode request)", n_in)
     if plan_w is not None and n_in < plan_w.shape[0]:
         fail("kv_score_input", f">= {plan_w.shape[0]} rows (WritePlan rows)", n_in)
-    tail = None if store is None else _store_tail(store, dev, H, plan_rows.shape[0], plan.is_decode, grad,
+    tail = None if store is None else _store_tail(store, chk, H, plan_rows.shape[0], plan.is_decode, grad,
                                                    ("kv_score_buffer", buf))
     call = CompressCall(layer, buf, inp, ape_t, plan_rows, plan_w, tail, dev)
     if wants_values(dev):
@@ -509,10 +524,11 @@ def check_store(kv: object, plan: object, store: StoreArgs) -> StoreCall:
     if D != 128 and D != 512:
         fail("kv", "head dim 128 (indexer) or 512 (main KV)", f"shape {tuple(kv_t.shape)}")
     dev = kv_t.get_device()
-    plan_rows = check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, dev)
+    chk = checked_by_binding(dev)
+    plan_rows = check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, chk)
     rows = plan_rows.shape[0]
     check_size("kv", kv_t, 0, rows, "one row per plan row")
-    tail = _store_tail(store, dev, D, rows, plan.is_decode, grad, ("kv", kv_t))
+    tail = _store_tail(store, chk, D, rows, plan.is_decode, grad, ("kv", kv_t))
     if rows and wants_values(dev):
         _check_store_values(tail, plan_rows, plan.is_decode, plan.compress_ratio)
     return StoreCall(kv_t, plan_rows, plan.is_decode, plan.compress_ratio, tail, dev)
@@ -542,13 +558,15 @@ def store_format(head_dim: int, use_fp4: object, bf16_store: object, page_size: 
     return hit
 
 
-def _store_tail(store: StoreArgs, dev: int, D: int, rows: int, is_decode: bool, grad: bool,
+def _store_tail(store: StoreArgs, dev: int | None, D: int, rows: int, is_decode: bool, grad: bool,
                 source: tuple[str, torch.Tensor]) -> StoreTail:
     """Check the store arguments against the ``rows`` plan rows they store (``source``: the
-    argument those rows are computed from, which must not overlap the cache)."""
+    argument those rows are computed from, which must not overlap the cache; ``dev``: as
+    ``checked_by_binding`` returns it)."""
+    lean = dev is None
     norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store = store
     fmt, row_bytes = store_format(D, use_fp4, bf16_store, page_size)
-    w = check_tensor("norm_weight", norm_weight, FLOAT_DTYPES, _1D, dev, grad=grad)
+    w = check_tensor("norm_weight", norm_weight, FLOAT_DTYPES, _1D, dev, grad=grad, contiguous=not lean)
     if w.shape[0] != D:
         check_size("norm_weight", w, 0, D, "head dim of kv")  # raises
     if not (type(norm_eps) is float and 0.0 < norm_eps < 1.0):
@@ -560,13 +578,13 @@ def _store_tail(store: StoreArgs, dev: int, D: int, rows: int, is_decode: bool, 
     freq = check_tensor("freq_cis", freq_cis, _C64, _2D, dev, grad=grad, contiguous=False)
     if freq.shape[1] != 32:
         check_size("freq_cis", freq, 1, 32, "rope_dim / 2 complex entries")  # raises
-    loc = check_tensor("out_loc", out_loc, _I64, _1D, dev, grad=grad)
+    loc = check_tensor("out_loc", out_loc, _I64, _1D, dev, grad=grad, contiguous=not lean)
     n_loc = loc.shape[0]
     if is_decode and n_loc != rows:
         fail("out_loc", f"{rows} entries (one per decode request)", n_loc)
     if not is_decode and n_loc < rows:
         fail("out_loc", f">= {rows} entries (one per query token)", n_loc)
-    cache = check_tensor("kvcache", kvcache, _U8, _2D, dev, grad=grad)
+    cache = check_tensor("kvcache", kvcache, _U8, _2D, dev, grad=grad, contiguous=not lean)
     if cache.shape[1] != row_bytes:
         fail("kvcache", f"[pages, {row_bytes}] ({fmt.name} page of {page_size} tokens)", f"shape {tuple(cache.shape)}")
     written = "kvcache is written while the others are read"
