@@ -146,7 +146,7 @@ def test_nan_input_row_is_a_named_error_in_debug_mode(debug_mode) -> None:
 def test_nan_in_a_state_row_the_call_reads_is_a_named_error_in_debug_mode(debug_mode) -> None:
     kw = _decode_call()
     row = _read_row(kw["plan"])
-    kw["kv_score_buffer"][row, 3] = float("nan")
+    kw["kv_score_buffer"][row, H + 3] = float("nan")  # the own half of the current block: pooled
     saved = kw["kv_score_buffer"].clone()
     with pytest.raises(ValueError, match=rf"^kv_score_buffer: .*NaN in state row {row}"):
         fc.compress_forward(**kw)
@@ -160,6 +160,7 @@ def test_nan_where_no_call_reads_is_accepted(debug_mode) -> None:
     kw["kv_score_buffer"][-1] = float("nan")  # a row no request of the batch reads
     kw["kv_score_buffer"][int(f["write_loc"][1])] = float("nan")  # overwritten from the input before any read
     kw["kv_score_buffer"][int(f["read_page_0"][0]) * 4, : 2 * H] = float("-inf")  # -inf is not NaN
+    kw["kv_score_buffer"][_read_row(kw["plan"]), 3] = float("nan")  # the overlap half of the current block: unread
     out = fc.compress_forward(**kw)
     assert out.shape == (2, H)
 

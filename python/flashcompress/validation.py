@@ -625,33 +625,40 @@ def _check_store_values(tail: StoreTail, plan_rows: torch.Tensor, is_decode: boo
 
 
 def check_finite_reads(call: CompressCall) -> None:
-    """No NaN / inf in the ``kv_score_input`` rows and no NaN in the state rows the call reads.
+    """No NaN / inf in the ``kv_score_input`` rows and no NaN in the state entries the call reads.
 
     Input rows: every row of a decode call; rows up to the largest ragged id a prefill
-    plan names (CUDA-graph padding rows after the real tokens are not read).  State rows:
-    the window entries pooled from the state pool (decode rows at a window boundary,
-    prefill rows with ``buffer_len > 0``), and the running state of an online row that
-    continues a window.  Only NaN counts in the state: a cleared row holds score -inf.
-    Run after ``check_plan_indices`` (every index is in range).
+    plan names (CUDA-graph padding rows after the real tokens are not read).  State: the
+    window entries pooled from the state pool (decode rows at a window boundary, prefill
+    rows with ``buffer_len > 0``), each only in the columns it contributes (C4: the overlap
+    halves of the previous block, and only past the first window; the own halves of the
+    current block), and the running state of an online row that continues a window.  Only
+    NaN counts in the state: a cleared row holds score -inf.  Run after
+    ``check_plan_indices`` (every index is in range).
     """
     layer, state, inp, plan_rows, plan_w = call.layer, call.state, call.inp, call.plan_rows, call.plan_w
-    ratio, online = layer.ratio, layer.online
+    ratio, online, H = layer.ratio, layer.online, layer.head_dim
+    dev = state.device
+    offs = torch.arange(ratio, device=dev)
+    # (state rows, the columns they are read in): C4 entries 0-3 read the overlap halves, 4-7 the own halves
+    reads: list[tuple[torch.Tensor, list[int] | None]] = []
     if plan_w is None:
         f = decode_fields(plan_rows)
         used = inp
         if online:
-            continues = torch.remainder(f["seq_len"] - 1, 128) != 0
-            state_rows = f["read_page_0"][continues]
+            reads.append((f["read_page_0"][torch.remainder(f["seq_len"] - 1, 128) != 0], None))
         else:
             boundary = torch.remainder(f["seq_len"], ratio) == 0 if ratio == 4 else \
                 torch.remainder(f["write_loc"], 128) == 127
-            offs = torch.arange(ratio, device=state.device)
-            pages = [f["read_page_1"][boundary]]
-            if ratio == 4:
-                pages.append(f["read_page_0"][boundary & (f["seq_len"] > 4)])
-            state_rows = torch.cat([(p[:, None] * ratio + offs).flatten() for p in pages])
+            own = (f["read_page_1"][boundary, None] * ratio + offs).flatten()
             # the current token's row is written from the input before the window is read
-            state_rows = state_rows[~torch.isin(state_rows, f["write_loc"])]
+            own = own[~torch.isin(own, f["write_loc"])]
+            if ratio == 4:
+                prev = (f["read_page_0"][boundary & (f["seq_len"] > 4), None] * 4 + offs).flatten()
+                reads += [(own, [*range(H, 2 * H), *range(3 * H, 4 * H)]),
+                          (prev, [*range(0, H), *range(2 * H, 3 * H)])]
+            else:
+                reads.append((own, None))
     else:
         lists = [compress_fields(plan_rows)] + ([compress_fields(plan_w)] if online else [])
         ragged = torch.cat([c["ragged_id"][c["valid"]] for c in lists])
@@ -660,28 +667,34 @@ def check_finite_reads(call: CompressCall) -> None:
             ragged = torch.cat([ragged, w["ragged_id"][w["valid"]]])
         used = inp[: int(ragged.max()) + 1] if ragged.numel() else inp[:0]
         if online:
-            state_rows = torch.cat([c["read_page_1"][c["valid"] & (c["read_page_1"] >= 0)] for c in lists])
+            for c in lists:  # a segment that starts inside its window merges with its slot's state
+                slot = torch.where(c["read_page_1"] >= 0, c["read_page_1"], c["read_page_0"])
+                starts_inside = torch.remainder(c["seq_len"] - 1, 128) + 1 != c["buffer_len"]
+                reads.append((slot[c["valid"] & starts_inside & (slot >= 0)], None))
         else:
             c = lists[0]
-            window = 8 if ratio == 4 else 128
-            e = torch.arange(window, device=state.device)
             idx = (c["valid"] & (c["buffer_len"] > 0)).nonzero().squeeze(1)
+            buffered = offs[None, :] < c["buffer_len"][idx, None]  # window entries 0..r-1 from the state
             if ratio == 4:
-                page = torch.where(e < 4, c["read_page_0"][idx, None], c["read_page_1"][idx, None])
-                entries = page * 4 + torch.remainder(e, 4)
+                own = (c["read_page_1"][idx, None] * 4 + offs)[(offs[None, :] + 4 < c["buffer_len"][idx, None])]
+                prev_ok = buffered & (c["seq_len"][idx, None] > 4)
+                prev = (c["read_page_0"][idx, None] * 4 + offs)[prev_ok]
+                reads += [(own, [*range(H, 2 * H), *range(3 * H, 4 * H)]),
+                          (prev, [*range(0, H), *range(2 * H, 3 * H)])]
             else:
-                entries = c["read_page_1"][idx, None] * 128 + e
-            state_rows = entries[e[None, :] < c["buffer_len"][idx, None]]
+                reads.append(((c["read_page_1"][idx, None] * 128 + offs)[buffered], None))
     bad_in = ~torch.isfinite(used).all(dim=1)
     if bool(bad_in.any()):
         row = int(bad_in.nonzero()[0, 0])
         fail("kv_score_input", "finite values in every row the call reads (FLASHCOMPRESS_DEBUG check)",
              f"a non-finite value in row {row}")
-    if state_rows.numel():
-        bad = torch.isnan(state[state_rows]).any(dim=1)
-        if bool(bad.any()):
-            fail("kv_score_buffer", "no NaN in the state rows the call reads (FLASHCOMPRESS_DEBUG check)",
-                 f"NaN in state row {int(state_rows[bad.nonzero()[0, 0]])}")
+    for rows, cols in reads:
+        if rows.numel():
+            values = state[rows] if cols is None else state[rows][:, cols]
+            bad = torch.isnan(values).any(dim=1)
+            if bool(bad.any()):
+                fail("kv_score_buffer", "no NaN in the state rows the call reads (FLASHCOMPRESS_DEBUG check)",
+                     f"NaN in state row {int(rows[bad.nonzero()[0, 0]])}")
 
 
 def check_plan_indices(
