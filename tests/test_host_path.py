@@ -165,11 +165,15 @@ def test_nan_where_no_call_reads_is_accepted(debug_mode) -> None:
     assert out.shape == (2, H)
 
 
-def test_finite_checks_are_off_without_debug() -> None:
+def test_finite_checks_are_off_without_debug(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLASHCOMPRESS_DEBUG", raising=False)
+    settings.forget_settings()
+    monkeypatch.setattr(V, "wants_values", lambda device: True)  # the other value checks stay on (CPU)
     kw = _decode_call()
     kw["kv_score_buffer"][_read_row(kw["plan"])] = float("nan")
     kw["kv_score_input"][0, 0] = float("nan")
     fc.compress_forward(**kw)  # stored silently, as the kernels would: the checks cost a pass over the rows
+    settings.forget_settings()
 
 
 def test_nan_in_prefill_and_online_reads_is_caught(debug_mode) -> None:
