@@ -468,17 +468,6 @@ def test_runs_on_the_callers_stream() -> None:
 # ---------------------------------------------------------------------------
 
 
-@pytest.fixture()
-def debug_mode(monkeypatch: pytest.MonkeyPatch):
-    from flashcompress.jit import settings
-
-    monkeypatch.setenv("FLASHCOMPRESS_DEBUG", "1")
-    settings.reload_settings()
-    yield
-    monkeypatch.delenv("FLASHCOMPRESS_DEBUG")
-    settings.reload_settings()
-
-
 def _with_word(plan_bytes: torch.Tensor, row: int, word: int, value: int) -> torch.Tensor:
     p = plan_bytes.clone()
     p.view(torch.int32)[row, word] = value

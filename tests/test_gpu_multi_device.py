@@ -64,9 +64,11 @@ def test_launches_follow_the_tensors_device(kind: str) -> None:
     torch.cuda.set_device(0)
     want = [t.cpu() for t in _step(dev0, kind)]
     side = torch.cuda.Stream(device=dev1)  # a non-default current stream on cuda:1: the launches must use it
-    with torch.cuda.stream(side):
-        assert torch.cuda.current_device() == 0
+    with torch.cuda.stream(side):  # (makes cuda:1 current too)
+        torch.cuda.set_device(0)  # cuda:0 current again; cuda:1's current stream stays `side`
+        assert torch.cuda.current_stream(dev1) == side
         got = _step(dev1, kind)
+        assert torch.cuda.current_device() == 0
         assert all(t.device == dev1 for t in got)
     side.synchronize()
     for i, (g, w) in enumerate(zip(got, want)):

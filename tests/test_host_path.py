@@ -19,15 +19,6 @@ from flashcompress.layouts import INDEXER_FP8, LAYER_KINDS
 from flashcompress.torch_backend.rows import decode_fields
 
 
-@pytest.fixture()
-def debug_mode(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("FLASHCOMPRESS_DEBUG", "1")
-    settings.forget_settings()
-    yield
-    monkeypatch.delenv("FLASHCOMPRESS_DEBUG")
-    settings.forget_settings()
-
-
 # ----------------------------------------------------------------------------- call objects
 
 
@@ -168,7 +159,6 @@ def test_nan_where_no_call_reads_is_accepted(debug_mode) -> None:
 def test_finite_checks_are_off_without_debug(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FLASHCOMPRESS_DEBUG", raising=False)
     settings.forget_settings()
-    monkeypatch.setattr(V, "wants_values", lambda device: True)  # the other value checks stay on (CPU)
     kw = _decode_call()
     kw["kv_score_buffer"][_read_row(kw["plan"])] = float("nan")
     kw["kv_score_input"][0, 0] = float("nan")
