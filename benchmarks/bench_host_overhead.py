@@ -1,14 +1,16 @@
-"""Host-side cost of one API call (decode): validation + dispatch, and the full eager path.
+"""Host-side cost of one API call (decode), split: validation, dispatch, backend, binding + launch.
 
 Engines call these ops thousands of times a second, so the Python between the call and
-the launch must stay near 10 us.  Two measurements per op (compress_forward,
-compress_norm_rope_store, compress_and_store), on a decode batch built like
-``bench_compress.py``'s ``rand`` case (``--batch`` requests, C4 head 512 by default,
-V4 store at page 64):
+the launch must stay near 8 us.  Per op (compress_forward, compress_norm_rope_store,
+compress_and_store), on a decode batch built like ``bench_compress.py``'s ``rand`` case
+(``--batch`` requests, C4 head 512 by default, V4 store at page 64):
 
-* ``stub``: the backend ops replaced by no-ops; what remains is validation + dispatch.
+* ``validation``: ``validation.check_*`` alone (builds the call object).
+* ``dispatch``: ``dispatch.run_*`` on a ready call object, the backend replaced by a no-op
+  (output allocation, the empty-plan test, the backend choice).
+* ``stub``: the public call with the backend replaced by no-ops: validation + dispatch.
 * ``full``: the real call: validation + dispatch + the backend's host code + the kernel
-  launch(es).
+  launch(es).  ``backend`` = full - stub - binding (CUDA): the backend's own Python.
 * ``binding`` (CUDA): the loaded tvm-ffi module called directly with the arguments the
   backend passes (tensor conversion, the binding's checks, stream and device guard, the
   launch), and ``ffi floor``: a tvm-ffi call with no tensor arguments.  ``full`` minus
@@ -35,7 +37,7 @@ from types import SimpleNamespace
 import torch
 
 import _common as C
-import flashcompress.api as api
+import flashcompress.dispatch as D
 import flashcompress.validation as V
 from flashcompress import compress_and_store, compress_forward, compress_norm_rope_store
 
@@ -84,8 +86,7 @@ def binding_rows(b, s, layer, store, what: str, iters: int, timer: C.Timer) -> l
     freq = b.freq_cis.view(torch.float32)
     cache = b.cache(store)
     # the tensors the API hands the backend (flat state view, plan rows)
-    c = api._fast_compress(b.state, s.inp, b.ape, s.plan, layer.head_dim, layer.ratio, s.out, layer.online)
-    assert c is not None, "the CUDA short path declined the benchmark's call"
+    c = V.check_compress(b.state, s.inp, b.ape, s.plan, layer.head_dim, layer.ratio, s.out, layer.online)
     calls = [
         ("compress_forward", "binding: tvm-ffi call + launch",
          lambda: comp.compress(c.state, c.inp, c.ape, c.plan_rows, c.plan_rows, s.out, True)),
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
     if args.metadata_only:
         V.wants_value_checks = lambda t: False
+        V.wants_values = lambda device: False
 
     layer = C.LAYERS[args.layer]
     store = C.STORE_V4_C4 if layer.ratio == 4 and layer.head_dim == 512 else (
@@ -146,15 +148,27 @@ def main(argv: list[str] | None = None) -> int:
     what = f"(decode, {layer.name} {store.name}, B={args.batch})"
     if args.mode in ("stub", "all"):
         iters = args.iters or (2000 if cuda else 200)
+        tail = (b.norm_weight, NORM_EPS, b.freq_cis, s.out_loc, cache, store.page_size, store.use_fp4, store.bf16_store)
+        checks = [
+            ("compress_forward", lambda: V.check_compress(b.state, s.inp, b.ape, s.plan, h, r, s.out, online)),
+            ("compress_norm_rope_store", lambda: V.check_store(s.kv, s.plan, tail)),
+            ("compress_and_store", lambda: V.check_compress(b.state, s.inp, b.ape, s.plan, h, r, None, online,
+                                                            store=tail)),
+        ]
+        calls = [fn() for _, fn in checks]
+        runs = [lambda: D.run_compress_forward(calls[0], s.out), lambda: D.run_store(calls[1]),
+                lambda: D.run_compress_and_store(calls[2])]
         stub = SimpleNamespace(compress_forward=lambda *a, **k: None, compress_norm_rope_store=lambda *a, **k: None,
                                compress_and_store=lambda *a, **k: None)
-        real = api.ops_backend
-        api.ops_backend = lambda device: stub  # only validation + dispatch remain
+        real = D.ops_backend
+        D.ops_backend = lambda device: stub  # the backends do nothing: validation + dispatch remain
         try:
-            for name, fn in ops:
+            for (name, check), run, (_, fn) in zip(checks, runs, ops):
+                rows.append([f"{name} {what}", "validation: check_*", f"{per_call_us(check, iters):.1f}", ""])
+                rows.append([f"{name} {what}", "dispatch: run_* (no-op backend)", f"{per_call_us(run, iters):.1f}", ""])
                 rows.append([f"{name} {what}", "stub: validation + dispatch", f"{per_call_us(fn, iters):.1f}", ""])
         finally:
-            api.ops_backend = real
+            D.ops_backend = real
     if args.mode in ("full", "all"):
         iters = args.iters or (200 if cuda else 10)
         for name, fn in ops:
@@ -162,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([f"{name} {what}", "full: + backend + launch", f"{us:.1f}", note])
     if cuda and args.mode in ("full", "all"):
         rows.extend(binding_rows(b, s, layer, store, what, args.iters or 200, timer))
-    backend = "jit" if cuda and api.ops_backend(dev).__name__.endswith("cuda_ops.ops") else "torch"
+    backend = "jit" if cuda and D.ops_backend(dev).__name__.endswith("cuda_ops.ops") else "torch"
     print(f"device={dev} ({C.device_name(dev)}) batch={args.batch} torch={torch.__version__} backend={backend} "
           f"metadata_only={args.metadata_only} commit={C.git_commit()}")
     C.print_table(["call", "mode", "host us/call", "note"], rows)

@@ -19,6 +19,7 @@ import torch
 from flashcompress import layouts as L
 from flashcompress.torch_backend import ops as torch_ops
 from flashcompress.torch_backend.rows import store_targets
+from flashcompress.validation import StoreCall, StoreTail
 
 POISON = 0xA5
 FORMATS = {f.name: f for f in (L.MAIN_V4, L.INDEXER_FP8, L.INDEXER_FP4, L.BF16_ROWS)}
@@ -40,7 +41,8 @@ class StoreCase:
     extra: dict = field(default_factory=dict)
 
     def kwargs(self, device: torch.device | str = "cpu", cache: torch.Tensor | None = None) -> dict:
-        """Keyword arguments of the backends' ``compress_norm_rope_store`` (tensors moved to ``device``)."""
+        """The store's arguments by name (tensors moved to ``device``): ``store_call(kv, plan, **kwargs)``
+        makes the call object the backends' ``compress_norm_rope_store`` takes."""
         return dict(
             is_decode=self.is_decode, ratio=self.ratio, norm_weight=self.norm_weight.to(device),
             norm_eps=self.norm_eps, freq_cis=self.freq_cis.to(device), out_loc=self.out_loc.to(device),
@@ -113,10 +115,18 @@ def make_case(fmt_name: str, dtype: torch.dtype, is_decode: bool, *, rows: int =
                      cache, extra={"dest_rows": dest_rows})
 
 
+def store_call(kv: torch.Tensor, plan: torch.Tensor, *, is_decode: bool, ratio: int, norm_weight: torch.Tensor,
+               norm_eps: float, freq_cis: torch.Tensor, out_loc: torch.Tensor, kvcache: torch.Tensor, page_size: int,
+               fmt: L.CacheFormat) -> StoreCall:
+    """The backends' call object for a store (tests hand it to a backend directly, past the validation)."""
+    return StoreCall(kv, plan, is_decode, ratio, StoreTail(norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
+                                                           fmt), kv.get_device())
+
+
 def reference_cache(case: StoreCase) -> torch.Tensor:
     """The PyTorch backend's cache after the store (CPU)."""
     cache = case.cache.clone()
-    torch_ops.compress_norm_rope_store(case.kv, case.plan, **case.kwargs("cpu", cache))
+    torch_ops.compress_norm_rope_store(store_call(case.kv, case.plan, **case.kwargs("cpu", cache)))
     return cache
 
 

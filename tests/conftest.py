@@ -33,3 +33,15 @@ def private_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, st
     apply_environ(monkeypatch, env)
     yield env
     reset_engine()
+
+
+@pytest.fixture()
+def debug_mode(monkeypatch: pytest.MonkeyPatch):
+    """``FLASHCOMPRESS_DEBUG=1`` for one test (the settings are read again on both sides)."""
+    from flashcompress.jit import settings
+
+    monkeypatch.setenv("FLASHCOMPRESS_DEBUG", "1")
+    settings.reload_settings()
+    yield
+    monkeypatch.delenv("FLASHCOMPRESS_DEBUG")
+    settings.reload_settings()

@@ -75,6 +75,7 @@ def test_prewarm_presets_cover_every_variant_the_cuda_backend_requests(private_e
 
     import flashcompress.jit as fjit
     from flashcompress import layouts as L
+    from flashcompress import validation as V
     from flashcompress.cuda_ops import compress as cc
     from flashcompress.cuda_ops import store as cs
     from flashcompress.jit.models import model_config
@@ -100,17 +101,17 @@ def test_prewarm_presets_cover_every_variant_the_cuda_backend_requests(private_e
         state = torch.zeros((2 * ratio, 3 * head if online else width), dtype=f32)
         inp, ape = torch.zeros((1, width), dtype=f32), torch.zeros((8 if ratio == 4 else 128, head), dtype=f32)
         rows, out = torch.zeros((1, 16), dtype=torch.uint8), torch.zeros((1, head), dtype=f32)
+        layer = L.LAYER_KINDS[(ratio, head, online)]
         for decode in (True, False):
             plan_w = None if decode else torch.zeros((1, 8 if not online else 16), dtype=torch.uint8)
-            cc.compress_forward(state, inp, ape, rows, plan_w, out, ratio=ratio, head_dim=head, is_online=online)
+            call = V.CompressCall(layer, state, inp, ape, rows, plan_w, None, -1)
+            cc.compress_forward(call, out)
             for fmt in fmts:
                 cache = torch.zeros((1, fmt.page_bytes(page)), dtype=torch.uint8)
                 freq = torch.ones((4, 32), dtype=torch.complex64)
-                store = dict(norm_weight=torch.ones(head), norm_eps=1e-6, freq_cis=freq,
-                             out_loc=torch.zeros(1, dtype=torch.int64), kvcache=cache, page_size=page, fmt=fmt)
-                cc.compress_and_store(state, inp, ape, rows, plan_w, ratio=ratio, head_dim=head, is_online=online,
-                                      is_decode=decode, **store)
-                cs.compress_norm_rope_store(out, rows, is_decode=decode, ratio=ratio, **store)
+                store = V.StoreTail(torch.ones(head), 1e-6, freq, torch.zeros(1, dtype=torch.int64), cache, page, fmt)
+                cc.compress_and_store(call._replace(store=store))
+                cs.compress_norm_rope_store(V.StoreCall(out, rows, decode, ratio, store, -1))
     assert {fam for fam, _ in requested} == {"compress", "store"}
     presets = {(fam.name, tuple(sorted(p.items()))) for fam in family.discover_families().values()
                for p in fam.preset_params(model)}

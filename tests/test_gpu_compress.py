@@ -28,7 +28,8 @@ import torch
 
 import flashcompress
 from _golden import load_golden
-from flashcompress import api
+from flashcompress import dispatch
+from flashcompress import validation as V
 from flashcompress.testing import simulator as S
 from flashcompress.torch_backend import ops as torch_ops
 
@@ -131,51 +132,51 @@ class Tee:
             return inp, ape
         return inp.to(self.in_dtype), ape.to(self.in_dtype)
 
-    def compress_forward(self, state, inp, ape, plan_rows, plan_w, out, *, ratio, head_dim, is_online):
-        inp, ape = self._inputs(inp, ape)
+    def compress_forward(self, call, out):
+        inp, ape = self._inputs(call.inp, call.ape)
+        call = call._replace(inp=inp, ape=ape)
+        state, plan_rows, plan_w = call.state, call.plan_rows, call.plan_w
         kout = out if out.dtype == inp.dtype or self.in_dtype is None else torch.empty_like(out, dtype=inp.dtype)
         before = state.clone()
         ref_state, ref_out = state.clone(), torch.full_like(kout, float("nan"))
-        kw = dict(ratio=ratio, head_dim=head_dim, is_online=is_online)
-        torch_ops.compress_forward(ref_state, inp, ape, plan_rows, plan_w, ref_out, **kw)
+        torch_ops.compress_forward(call._replace(state=ref_state), ref_out)
         kout.fill_(float("nan"))
-        self.kernel.compress_forward(state, inp, ape, plan_rows, plan_w, kout, **kw)
+        self.kernel.compress_forward(call, kout)
         what = f"compress_forward call {self.calls['compress_forward']} ({'decode' if plan_w is None else 'prefill'})"
+        online = call.layer.online
         if plan_w is None:
-            _settle_shared_decode_rows(state, ref_state, inp, plan_rows, is_online, what)
-        assert_state_parity(state, ref_state, before, is_online, head_dim, what)
+            _settle_shared_decode_rows(state, ref_state, inp, plan_rows, online, what)
+        assert_state_parity(state, ref_state, before, online, call.layer.head_dim, what)
         assert_out_parity(kout, ref_out, what)
         if kout is not out:
             out.copy_(kout)
         self.calls["compress_forward"] += 1
 
-    def compress_norm_rope_store(self, kv, plan_rows, **kw):
-        self.kernel.compress_norm_rope_store(kv, plan_rows, **kw)
+    def compress_norm_rope_store(self, call):
+        self.kernel.compress_norm_rope_store(call)
         self.calls["compress_norm_rope_store"] += 1
 
-    def compress_and_store(self, state, inp, ape, plan_rows, plan_w, **kw):
-        inp, ape = self._inputs(inp, ape)
-        ref_state, ref_cache = state.clone(), kw["kvcache"].clone()
+    def compress_and_store(self, call):
+        inp, ape = self._inputs(call.inp, call.ape)
+        call = call._replace(inp=inp, ape=ape)
+        state, plan_rows, st = call.state, call.plan_rows, call.store
+        ref_state, ref_cache = state.clone(), st.kvcache.clone()
         # the two-step GPU path on clones
-        H, ratio = kw["head_dim"], kw["ratio"]
-        kv = torch.full((plan_rows.shape[0], H), float("nan"), dtype=inp.dtype, device=inp.device)
-        self.kernel.compress_forward(ref_state, inp, ape, plan_rows, plan_w, kv, ratio=ratio, head_dim=H,
-                                     is_online=kw["is_online"])
+        kv = torch.full((plan_rows.shape[0], call.layer.head_dim), float("nan"), dtype=inp.dtype, device=inp.device)
+        self.kernel.compress_forward(call._replace(state=ref_state, store=None), kv)
         if plan_rows.shape[0]:
-            self.kernel.compress_norm_rope_store(
-                kv, plan_rows, is_decode=kw["is_decode"], ratio=ratio, norm_weight=kw["norm_weight"],
-                norm_eps=kw["norm_eps"], freq_cis=kw["freq_cis"], out_loc=kw["out_loc"], kvcache=ref_cache,
-                page_size=kw["page_size"], fmt=kw["fmt"])
-        self.kernel.compress_and_store(state, inp, ape, plan_rows, plan_w, **kw)
+            self.kernel.compress_norm_rope_store(V.StoreCall(kv, plan_rows, call.is_decode, call.layer.ratio,
+                                                             st._replace(kvcache=ref_cache), call.device))
+        self.kernel.compress_and_store(call)
         what = f"compress_and_store call {self.calls['compress_and_store']}"
-        if kw["is_decode"]:
-            _settle_shared_decode_rows(state, ref_state, inp, plan_rows, kw["is_online"], what)
+        if call.is_decode:
+            _settle_shared_decode_rows(state, ref_state, inp, plan_rows, call.layer.online, what)
         assert torch.equal(_bits(state), _bits(ref_state)), f"{what}: state differs from the two-step path"
-        if not torch.equal(kw["kvcache"], ref_cache):
-            diff = (kw["kvcache"] != ref_cache).nonzero()
+        if not torch.equal(st.kvcache, ref_cache):
+            diff = (st.kvcache != ref_cache).nonzero()
             page, byte = diff[0].tolist()
             raise AssertionError(f"{what}: {diff.shape[0]} cache bytes differ from the two-step path, first at "
-                                 f"page {page} byte {byte}: {int(kw['kvcache'][page, byte])} vs "
+                                 f"page {page} byte {byte}: {int(st.kvcache[page, byte])} vs "
                                  f"{int(ref_cache[page, byte])}")
         self.calls["compress_and_store"] += 1
 
@@ -184,7 +185,7 @@ class Tee:
 def tee(monkeypatch: pytest.MonkeyPatch):
     def make(in_dtype: torch.dtype | None = None) -> Tee:
         t = Tee(in_dtype)
-        monkeypatch.setattr(api, "ops_backend", lambda device: t)
+        monkeypatch.setattr(dispatch, "ops_backend", lambda device: t)
         return t
 
     return make
@@ -465,17 +466,6 @@ def test_runs_on_the_callers_stream() -> None:
 # ---------------------------------------------------------------------------
 # Debug-mode bounds on CUDA tensors
 # ---------------------------------------------------------------------------
-
-
-@pytest.fixture()
-def debug_mode(monkeypatch: pytest.MonkeyPatch):
-    from flashcompress.jit import settings
-
-    monkeypatch.setenv("FLASHCOMPRESS_DEBUG", "1")
-    settings.reload_settings()
-    yield
-    monkeypatch.delenv("FLASHCOMPRESS_DEBUG")
-    settings.reload_settings()
 
 
 def _with_word(plan_bytes: torch.Tensor, row: int, word: int, value: int) -> torch.Tensor:

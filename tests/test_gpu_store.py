@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from _golden import load_golden
-from _store_cases import FORMATS, POISON, StoreCase, compare_store, make_case, reference_cache
+from _store_cases import FORMATS, POISON, StoreCase, compare_store, make_case, reference_cache, store_call
 from flashcompress import layouts as L
 from flashcompress.torch_backend import quant as Q
 
@@ -41,7 +41,7 @@ def st():
 def run_gpu(st, case: StoreCase, cache: torch.Tensor | None = None) -> torch.Tensor:
     """The GPU kernel's cache after the store of ``case`` (inputs copied to the GPU)."""
     cache = case.cache.to(DEV) if cache is None else cache
-    st.compress_norm_rope_store(case.kv.to(DEV), case.plan.to(DEV), **case.kwargs(DEV, cache))
+    st.compress_norm_rope_store(store_call(case.kv.to(DEV), case.plan.to(DEV), **case.kwargs(DEV, cache)))
     torch.cuda.synchronize()
     return cache
 
@@ -140,11 +140,11 @@ def test_cuda_graph_capture_and_replay(st) -> None:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        st.compress_norm_rope_store(static["kv"], static["plan"], out_loc=static["out_loc"], kvcache=cache.clone(), **kw)
+        st.compress_norm_rope_store(store_call(static["kv"], static["plan"], out_loc=static["out_loc"], kvcache=cache.clone(), **kw))
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        st.compress_norm_rope_store(static["kv"], static["plan"], out_loc=static["out_loc"], kvcache=cache, **kw)
+        st.compress_norm_rope_store(store_call(static["kv"], static["plan"], out_loc=static["out_loc"], kvcache=cache, **kw))
     for case in cases:
         cache.copy_(case.cache.to(DEV))
         static["kv"].copy_(case.kv.to(DEV))
@@ -152,8 +152,8 @@ def test_cuda_graph_capture_and_replay(st) -> None:
         static["out_loc"].copy_(case.out_loc.to(DEV))
         graph.replay()
         eager = case.cache.to(DEV)
-        st.compress_norm_rope_store(case.kv.to(DEV), case.plan.to(DEV), out_loc=case.out_loc.to(DEV),
-                                    kvcache=eager, **kw)
+        st.compress_norm_rope_store(store_call(case.kv.to(DEV), case.plan.to(DEV), out_loc=case.out_loc.to(DEV),
+                                    kvcache=eager, **kw))
         torch.cuda.synchronize()
         assert torch.equal(cache, eager)
         assert not torch.equal(cache.cpu(), case.cache)
@@ -164,7 +164,7 @@ def test_side_stream_and_no_host_sync(st) -> None:
     want = reference_cache(case)
     args = (case.kv.to(DEV), case.plan.to(DEV))
     kw = case.kwargs(DEV)
-    st.compress_norm_rope_store(*args, **case.kwargs(DEV))  # load the module first
+    st.compress_norm_rope_store(store_call(*args, **case.kwargs(DEV)))  # load the module first
     torch.cuda.synchronize()
     # bf16 weight with fp32 rows: the weight cast is the only extra work, still no sync
     kw2 = dict(kw, norm_weight=kw["norm_weight"].to(torch.bfloat16), kvcache=case.cache.to(DEV))
@@ -175,8 +175,8 @@ def test_side_stream_and_no_host_sync(st) -> None:
     torch.cuda.set_sync_debug_mode("error")
     try:
         with torch.cuda.stream(side):
-            st.compress_norm_rope_store(*args, **kw)
-            st.compress_norm_rope_store(*args, **kw2)
+            st.compress_norm_rope_store(store_call(*args, **kw))
+            st.compress_norm_rope_store(store_call(*args, **kw2))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     side.synchronize()

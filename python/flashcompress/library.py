@@ -19,10 +19,9 @@ code before the op (``torch.empty``), with the shape the eager path gives it.
 
 The real implementation runs when the compiled graph runs, on real tensors,
 never while tracing.  It rebuilds the plan object from its tensors (a tuple, no
-copy) and runs the same validation as the eager call (metadata checks, and the
-data-dependent checks for CPU tensors, or for CUDA tensors with
-``FLASHCOMPRESS_DEBUG=1``), then the backend op from
-``dispatch.ops_backend(device)``.  So the traced graph holds no value checks and
+copy) and runs the same validation as the eager call (``validation.check_*``: metadata
+checks, and the data-dependent checks for CPU tensors, or for CUDA tensors with
+``FLASHCOMPRESS_DEBUG=1``), then the same launch (``dispatch.run_*``).  So the traced graph holds no value checks and
 no data-dependent guards, and a compiled call raises the same errors as an eager
 one, at run time.  JIT modules are looked up (and, on a miss, built) by that
 real implementation, i.e. on the first run of the compiled graph, or earlier by
@@ -39,8 +38,8 @@ from typing import Optional
 
 import torch
 
-from . import api as _api
 from . import validation as V
+from .dispatch import run_compress_and_store, run_compress_forward, run_store
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
 
 __all__ = ["compress_forward", "compress_norm_rope_store", "compress_and_store", "OPS"]
@@ -96,7 +95,8 @@ def _freq_arg(freq_cis: object) -> tuple[object, bool]:
 def _compress_forward_impl(kv_score_buffer, kv_score_input, ape, plan_rows, plan_w, plan_ratio, plan_is_online, out,
                            head_dim, compress_ratio, is_online):
     plan = _plan(plan_ratio, plan_rows, plan_w, plan_is_online)
-    _api._run_compress_forward(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
+    call = V.check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
+    run_compress_forward(call, out)
 
 
 def _compress_norm_rope_store_impl(kv, plan_rows, plan_w, plan_ratio, plan_is_online, norm_weight, norm_eps, freq_cis,
@@ -105,8 +105,8 @@ def _compress_norm_rope_store_impl(kv, plan_rows, plan_w, plan_ratio, plan_is_on
         freq_cis = torch.view_as_complex(freq_cis)
     V.check_ratio(plan_ratio)
     plan = _plan(plan_ratio, plan_rows, plan_w, plan_is_online)
-    _api._run_compress_norm_rope_store(kv, plan, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
-                                       use_fp4, bf16_store)
+    run_store(V.check_store(kv, plan, (norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4,
+                                       bf16_store)))
 
 
 def _compress_and_store_impl(kv_score_buffer, kv_score_input, ape, plan_rows, plan_w, plan_ratio, plan_is_online,
@@ -115,8 +115,9 @@ def _compress_and_store_impl(kv_score_buffer, kv_score_input, ape, plan_rows, pl
     if freq_as_real:
         freq_cis = torch.view_as_complex(freq_cis)
     plan = _plan(plan_ratio, plan_rows, plan_w, plan_is_online)
-    _api._run_compress_and_store(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, norm_weight,
-                                 norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store, is_online)
+    run_compress_and_store(V.check_compress(
+        kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, None, is_online,
+        store=(norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store)))
 
 
 def _nothing(*args, **kwargs) -> None:

@@ -26,29 +26,15 @@ def _empty(rows_bytes: int, device: torch.device) -> torch.Tensor:
     return torch.empty((0, rows_bytes), dtype=torch.uint8, device=device)
 
 
-def check_plan(plan: object, ratio: int | None) -> "CompressorDecodePlan | CompressorPrefillPlan":
-    """A plan object of ours, built for ``ratio`` (any supported ratio when None)."""
-    if not isinstance(plan, _PlanBase):
-        V.fail("plan", "a CompressorDecodePlan or CompressorPrefillPlan", type(plan).__name__, TypeError)
-    if ratio is None:
-        V.check_ratio(plan.compress_ratio)
-    elif plan.compress_ratio != ratio:
-        V.fail("plan", f"a plan built for compress_ratio {ratio}", f"compress_ratio {plan.compress_ratio}")
-    return plan  # type: ignore[return-value]
-
-
-class _PlanBase(tuple):
+class _PlanBase(V.PlanTuple):
     """Tuple-like plan: ``plan[0]`` is the ratio, ``plan[1:]`` the plan tensors."""
 
-    is_decode: bool
-    is_online: bool | None  # None: built from raw tensors, kind unknown
-
-    @property
-    def compress_ratio(self) -> int:
-        return self[0]
-
     def copy_(self, other: "_PlanBase") -> "_PlanBase":
-        """Copy ``other``'s plan bytes into this plan's tensors (CUDA-graph replay)."""
+        """Copy ``other``'s plan bytes into this plan's tensors (CUDA-graph replay): same class,
+        ratio, kind, dtypes, devices and shapes (pad with ``use_cuda_graph``).  Returns ``self``.
+
+        Example: ``static_plan.copy_(CompressorDecodePlan.generate(...))``.
+        """
         if type(other) is not type(self):
             V.fail("other", type(self).__name__, type(other).__name__, TypeError)
         if other.compress_ratio != self.compress_ratio:
@@ -69,7 +55,11 @@ class _PlanBase(tuple):
 
 
 class CompressorDecodePlan(_PlanBase):
-    """Decode plan: one 16-byte DecodePlan row per request."""
+    """Decode plan: ``(compress_ratio, plan_d uint8 [B, 16])``, one DecodePlan row per request.
+
+    Build it with ``generate`` (C4 / C128) or ``generate_online`` (online C128), once per step,
+    and pass it to every compressor op of the step.  ``copy_`` refreshes a CUDA-graph plan.
+    """
 
     is_decode = True
 
@@ -89,6 +79,33 @@ class CompressorDecodePlan(_PlanBase):
         ring_size: int,
         use_req_ring: bool = False,
     ) -> "CompressorDecodePlan":
+        """Build the decode plan of one step (C4 / C128): one DecodePlan row per request.
+
+        The argument order is the peer's (SGLang's DeepSeek-V4 compressor planners), kept for
+        drop-in use; pass them by name to be safe.  All index tensors live on the device the ops
+        run on (the plan is built there: CPU -> PyTorch reference, CUDA -> the plan kernels).
+
+        Args:
+            compress_ratio: 4 or 128.
+            req_pool_indices: int64 ``[B]``, the batch's request slots (rows of ``req_to_token``),
+                distinct (CUDA-graph padding rows with ``seq_len`` 1 may share one).
+            req_to_token: int32 ``[slots, max_ctx]``, the full-KV loc of every (slot, position).
+            full_to_state: int64 ``[full_size + swa_page_size + 1]``, full loc -> SWA loc (paged C4
+                only; ratio 128 and the request ring ignore its values, any 1-D int64 tensor).
+            seq_lens: int64 ``[B]``, sequence lengths including this step's token (``>= 1``,
+                ``<= max_ctx``), on the same device.
+            swa_page_size: SWA page size in tokens (256 on DeepSeek-V4), a multiple of ``ring_size``
+                in paged mode.
+            ring_size: state rows per request ring / SWA page (8 or 16 for C4, 128 or 256 for C128),
+                a multiple of ``compress_ratio``.
+            use_req_ring: C4 only: address the state by request ring (``rid * ring + p % ring``)
+                instead of paged SWA; ratio 128 always uses the request ring (False required).
+
+        Returns ``CompressorDecodePlan(ratio, plan_d uint8 [B, 16])``.
+
+        Example: ``plan = CompressorDecodePlan.generate(4, rids, req_to_token, full_to_state,
+        seq_lens, 256, 8)``.
+        """
         ratio = V.check_ratio(compress_ratio)
         device = V.check_world(req_pool_indices, req_to_token, full_to_state)
         seq = V.check_lengths("seq_lens", seq_lens, req_pool_indices.shape[0], device, allow_cpu=False)
@@ -115,10 +132,33 @@ class CompressorDecodePlan(_PlanBase):
         req_to_token: torch.Tensor,
         state_slot_offset: int = 0,
     ) -> "CompressorDecodePlan":
+        """Build the decode plan of one online C128 step: one row per request (ratio 128 implied).
+
+        The argument order is the peer's (SGLang's DeepSeek-V4 compressor planners), kept for
+        drop-in use; pass them by name to be safe.  All index tensors live on the device the ops
+        run on (the plan is built there: CPU -> PyTorch reference, CUDA -> the plan kernels).
+
+        Args:
+            seq_lens: int64 ``[B]``, sequence lengths including this step's token (``>= 1``,
+                ``<= max_ctx``).  Note the order: lengths first, then the slots.
+            req_pool_indices: int64 ``[B]``, the batch's request slots, distinct; the state row of
+                slot ``rid`` is ``rid`` (loads) and ``rid + state_slot_offset`` (writes).
+            req_to_token: int32 ``[slots, max_ctx]`` (its shape bounds the slots and the lengths).
+            state_slot_offset: 0, or ``num_req_slots + 2`` for a target-verify batch (MTP bank 1).
+
+        Swapped ``seq_lens`` / ``req_pool_indices`` are caught where the values break a bound
+        (a slot ``>= slots``, a length ``> max_ctx`` or ``< 1``): always for CPU tensors, with
+        ``FLASHCOMPRESS_DEBUG=1`` for CUDA ones (the check reads device values).
+
+        Returns ``CompressorDecodePlan(128, plan_d uint8 [B, 16], is_online=True)``.
+
+        Example: ``plan = CompressorDecodePlan.generate_online(seq_lens, rids, req_to_token)``.
+        """
         device = V.check_world(req_pool_indices, req_to_token, None)
         seq = V.check_lengths("seq_lens", seq_lens, req_pool_indices.shape[0], device, allow_cpu=False)
         V.check_slot_offset(state_slot_offset, req_to_token)
         V.check_decode_lengths(seq)
+        V.check_positions_in_table(seq, req_to_token)
         V.check_distinct_requests(req_pool_indices, seq)
         if seq.shape[0] == 0:
             return CompressorDecodePlan(128, _empty(PLAN_ROW_BYTES, device), is_online=True)
@@ -127,7 +167,11 @@ class CompressorDecodePlan(_PlanBase):
 
 
 class CompressorPrefillPlan(_PlanBase):
-    """Prefill plan: CompressPlan rows (one per event) and WritePlan rows (one per kept token)."""
+    """Prefill plan: ``(compress_ratio, plan_c uint8 [C, 16], plan_w uint8 [W, 8])``: CompressPlan
+    rows (one per event) and WritePlan rows (one per kept token); online: ``plan_w [W, 16]``.
+
+    Build it with ``generate`` (C4 / C128) or ``generate_online`` (online C128).
+    """
 
     is_decode = False
 
@@ -154,6 +198,36 @@ class CompressorPrefillPlan(_PlanBase):
         use_cuda_graph: bool = False,
         use_req_ring: bool = False,
     ) -> "CompressorPrefillPlan":
+        """Build the prefill plan of one step (C4 / C128): CompressPlan rows (one per compress
+        event) and WritePlan rows (one per token kept in the state pool).
+
+        The argument order is the peer's (SGLang's DeepSeek-V4 compressor planners), kept for
+        drop-in use; pass them by name to be safe.  All index tensors live on the device the ops
+        run on (the plan is built there: CPU -> PyTorch reference, CUDA -> the plan kernels).
+
+        Args:
+            compress_ratio: 4 or 128.
+            req_pool_indices: int64 ``[B]``, the batch's request slots, distinct.
+            seq_lens: int64 ``[B]``, sequence lengths after this chunk.  On the CPU (eager prefill:
+                host planner, exact row counts) or on the device (graph prefill: no host sync,
+                both lists padded to ``num_q_tokens`` rows).
+            extend_lens: int64 ``[B]``, this chunk's tokens per request (``0 < extend <= seq``; the
+                chunk covers positions ``[seq - extend, seq)``), on the same device as ``seq_lens``.
+            req_to_token: int32 ``[slots, max_ctx]``, full-KV loc of every (slot, position).
+            full_to_state: int64 ``[full_size + swa_page_size + 1]``, full loc -> SWA loc (paged C4
+                only; otherwise any 1-D int64 tensor).
+            swa_page_size: SWA page size in tokens (256), a multiple of ``ring_size`` in paged mode.
+            ring_size: state rows per ring / SWA page, a multiple of ``compress_ratio``.
+            num_q_tokens: ragged token count of the batch (rows of ``kv_score_input``): host lengths
+                ``== sum(extend_lens)``; device lengths the padded bucket (``>= sum``, ``<= 65536``).
+            use_cuda_graph: host lengths only: pad both lists to ``num_q_tokens`` rows (fixed shapes).
+            use_req_ring: C4 only: request-ring addressing instead of paged SWA (False for 128).
+
+        Returns ``CompressorPrefillPlan(ratio, plan_c uint8 [C, 16], plan_w uint8 [W, 8])``.
+
+        Example: ``plan = CompressorPrefillPlan.generate(4, rids, seq_lens, extend_lens, req_to_token,
+        full_to_state, 256, 8, int(extend_lens.sum()))``.
+        """
         ratio = V.check_ratio(compress_ratio)
         device = V.check_world(req_pool_indices, req_to_token, full_to_state)
         batch = req_pool_indices.shape[0]
@@ -196,6 +270,35 @@ class CompressorPrefillPlan(_PlanBase):
         use_cuda_graph: bool = False,
         state_slot_offset: int = 0,
     ) -> "CompressorPrefillPlan":
+        """Build the prefill plan of one online C128 step: segment rows for both lists (CompressPlan
+        layout, ``[C, 16]`` and ``[W, 16]``; ratio 128 implied).
+
+        The argument order is the peer's (SGLang's DeepSeek-V4 compressor planners), kept for
+        drop-in use; pass them by name to be safe.  All index tensors live on the device the ops
+        run on (the plan is built there: CPU -> PyTorch reference, CUDA -> the plan kernels).
+
+        Args:
+            seq_lens: int64 ``[B]``, sequence lengths after this chunk (CPU or device; device
+                lengths are copied to the host: the segments are cut there, as in the peer).
+            extend_lens: int64 ``[B]``, this chunk's tokens per request, ``0 < extend <= seq``, on
+                the device of ``seq_lens``.  Note the order: both lengths first, then the slots.
+            req_pool_indices: int64 ``[B]``, the batch's request slots, distinct.
+            req_to_token: int32 ``[slots, max_ctx]`` (bounds the slots and the lengths).
+            num_q_tokens: ``sum(extend_lens)`` (rows of ``kv_score_input``; no padded bucket).
+            use_cuda_graph: pad both lists to ``num_q_tokens`` rows.
+            state_slot_offset: 0, or ``num_req_slots + 2`` for a target-verify batch (writes MTP
+                bank 1, loads bank 0).
+
+        Swapped int64 ``[B]`` arguments are caught where the values break a bound: a slot ``>=
+        slots``, ``extend > seq``, ``seq > max_ctx``, ``sum(extend_lens) != num_q_tokens`` (the
+        lengths are always checked on the host; the slots on the host, or with
+        ``FLASHCOMPRESS_DEBUG=1`` on the device).
+
+        Returns ``CompressorPrefillPlan(128, plan_c, plan_w, is_online=True)``.
+
+        Example: ``plan = CompressorPrefillPlan.generate_online(seq_lens, extend_lens, rids,
+        req_to_token, int(extend_lens.sum()))``.
+        """
         device = V.check_world(req_pool_indices, req_to_token, None)
         batch = req_pool_indices.shape[0]
         seq = V.check_lengths("seq_lens", seq_lens, batch, device, allow_cpu=True)

@@ -1,35 +1,50 @@
-"""Argument checks for every public entry point.
+"""Argument checks for every public entry point, and the call objects they return.
 
 Every public function calls its ``check_*`` here before anything is written,
 so a rejected call leaves every buffer untouched.  Errors are ``TypeError``
 (wrong dtype / object kind) or ``ValueError`` (shape, device, value), and the
 message always starts with the argument's name, then expected vs. actual.
 
-Two tiers, to keep the host side of a call near 10 µs:
-  * metadata checks (dtype, rank, shape, device, contiguity, scalars) always run;
+The ops (``compress_forward``, ``compress_norm_rope_store``, ``compress_and_store``)
+are checked by ``check_compress`` / ``check_store`` / ``check_compress_and_store``,
+which return one immutable call object (``CompressCall`` / ``StoreCall``, with the
+store arguments in a ``StoreTail``): the checked tensors, the layer kind
+(``layouts.LAYER_KINDS``) and the cache format.  The backends take that object and
+nothing else, so no backend re-checks or re-derives anything.  The CUDA bindings keep
+their own dtype / shape / device checks as the last line.
+
+Three tiers:
+  * metadata checks (dtype, rank, shape, device, contiguity, aliasing, scalars) always run;
   * data-dependent checks (plan indices inside the state buffer, largest
     ``out_loc`` inside the cache, positions inside the RoPE table, seq/extend
     lengths) read tensor *values*.  They always run for CPU tensors (cheap, no
     sync) and for CUDA tensors only when ``FLASHCOMPRESS_DEBUG=1``, because
-    reading device values forces a host synchronisation.
+    reading device values forces a host synchronisation;
+  * finite-value checks (``check_finite_reads``: no NaN / inf in the ``kv_score_input``
+    rows and no NaN in the state rows a compress call reads) cost a pass over those
+    rows, so they run only with ``FLASHCOMPRESS_DEBUG=1``, on every device.
 """
 
 from __future__ import annotations
 
-from typing import Callable, NoReturn
+from typing import NamedTuple, NoReturn
 
 import torch
 
-from .jit.settings import debug_checks_enabled
+from .jit.settings import debug_checks_enabled, jit_enabled_for
 from .layouts import (
     HEAD_DIMS,
     MAX_RAGGED_ID,
     ONLINE_HEAD_DIMS,
+    LAYER_KINDS,
+    PLAN_ROW_BYTES,
     SUPPORTED_RATIOS,
+    WRITE_ROW_BYTES,
     CacheFormat,
-    input_width,
-    state_width,
+    LayerKind,
+    select_cache_format,
 )
+from .torch_backend.rows import compress_fields, decode_fields, store_targets, write_fields
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16)
 INT32_MAX = 2**31 - 1
@@ -52,33 +67,64 @@ def wants_value_checks(t: torch.Tensor) -> bool:
     return t.is_cpu or debug_checks_enabled()
 
 
+def wants_values(device: int) -> bool:
+    """``wants_value_checks`` for a ``get_device()`` index (-1: the CPU)."""
+    return device < 0 or debug_checks_enabled()
+
+
+def checked_by_binding(device: int) -> int | None:
+    """The device index the op checks its other tensors against, or None where the kernel's
+    binding does it: CUDA tensors on the JIT backend outside ``FLASHCOMPRESS_DEBUG=1``.
+
+    The bindings check every tensor's dtype, shape, contiguity and device, naming the
+    argument, before anything is launched (``jit_kernel/ffi_check.h``), so the Python side
+    leaves the device and contiguity tests to them (about 0.2 µs per tensor); everything a
+    binding cannot see (autograd, aliasing, plan kind, layer kind, row counts) stays here.
+    """
+    if device >= 0 and not debug_checks_enabled() and jit_enabled_for("cuda"):
+        return None
+    return device
+
+
 # --------------------------------------------------------------------------
 # Generic tensor checks
 # --------------------------------------------------------------------------
 
 
+def device_name(index: int) -> str:
+    """The name of the device ``Tensor.get_device()`` returned ``index`` for (-1: the CPU)."""
+    return "cpu" if index < 0 else f"cuda:{index}"
+
+
 def check_tensor(
     arg: str,
     t: object,
-    *,
     dtypes: tuple[torch.dtype, ...],
     ndim: tuple[int, ...],
-    device: torch.device | None = None,
+    device: int | None = None,
+    *,
+    grad: bool | None = None,
     contiguous: bool = True,
 ) -> torch.Tensor:
+    """``t`` is a tensor with data, of one of ``dtypes`` and ``ndim``, on ``device``.
+
+    ``device`` is a ``Tensor.get_device()`` index (-1: the CPU; None: any device): an int
+    compare, where ``Tensor.device`` would build a ``torch.device`` per access.  ``grad``
+    is ``torch.is_grad_enabled()`` when the caller has it (looked up here otherwise).
+    """
     if not isinstance(t, torch.Tensor):
         fail(arg, "a torch.Tensor", type(t).__name__, TypeError)
-    if t.is_meta:
+    if (device is None or device < 0) and t.is_meta:  # a CUDA index already rules out meta (index -1)
         fail(arg, "a tensor with data (cpu or cuda)", "a tensor on the meta device")
-    if t.requires_grad and torch.is_grad_enabled():
+    if t.requires_grad and (torch.is_grad_enabled() if grad is None else grad):
         fail(arg, "a tensor that does not require grad (the ops are not differentiable: detach() it or "
              "call under torch.no_grad() / torch.inference_mode())", "requires_grad=True")
     if t.dtype not in dtypes:
         fail(arg, "dtype " + " or ".join(str(d) for d in dtypes), t.dtype, TypeError)
     if t.dim() not in ndim:
         fail(arg, f"a {' or '.join(map(str, ndim))}-D tensor", f"shape {tuple(t.shape)}")
-    if device is not None and t.device != device:
-        fail(arg, f"device {device} (same as the other tensors)", t.device)
+    if device is not None and t.get_device() != device:
+        fail(arg, f"device {device_name(device)} (same as the other tensors)", t.device)
     if contiguous and not t.is_contiguous():
         fail(arg, "a contiguous tensor", f"strides {t.stride()} for shape {tuple(t.shape)}")
     return t
@@ -140,16 +186,16 @@ def check_head_dim(head_dim: object, ratio: int, online: bool) -> int:
 def check_world(
     req_pool_indices: object, req_to_token: object, full_to_state: object | None
 ) -> torch.device:
-    rpi = check_tensor("req_pool_indices", req_pool_indices, dtypes=_I64, ndim=_1D)
-    device = rpi.device
-    r2t = check_tensor("req_to_token", req_to_token, dtypes=_I32, ndim=_2D, device=device)
+    rpi = check_tensor("req_pool_indices", req_pool_indices, _I64, _1D)
+    device = rpi.get_device()
+    r2t = check_tensor("req_to_token", req_to_token, _I32, _2D, device)
     if full_to_state is not None:
-        check_tensor("full_to_state", full_to_state, dtypes=_I64, ndim=_1D, device=device)
+        check_tensor("full_to_state", full_to_state, _I64, _1D, device)
     if rpi.numel() and wants_value_checks(rpi):
         lo, hi = int(rpi.min()), int(rpi.max())
         if lo < 0 or hi >= r2t.shape[0]:
             fail("req_pool_indices", f"values in [0, {r2t.shape[0]}) (rows of req_to_token)", f"range [{lo}, {hi}]")
-    return device
+    return rpi.device
 
 
 def check_slot_offset(state_slot_offset: object, req_to_token: torch.Tensor) -> int:
@@ -205,7 +251,7 @@ def check_state_locations(
 
 
 def check_lengths(arg: str, t: object, batch: int, device: torch.device, *, allow_cpu: bool) -> torch.Tensor:
-    lens = check_tensor(arg, t, dtypes=_I64, ndim=_1D)
+    lens = check_tensor(arg, t, _I64, _1D)
     if lens.device != device and not (allow_cpu and lens.device.type == "cpu"):
         fail(arg, f"device {device}" + (" or cpu" if allow_cpu else ""), lens.device)
     check_size(arg, lens, 0, batch, "one per request")
@@ -288,67 +334,367 @@ def check_prefill_lengths(
 
 
 # --------------------------------------------------------------------------
-# compress_forward
+# The ops: plans, call objects and their checks
 # --------------------------------------------------------------------------
 
 
-def flat_state(kv_score_buffer: object, ratio: int, head_dim: int, online: bool) -> torch.Tensor:
-    """Check the state pool and return its flat ``[rows, width]`` view."""
-    buf = check_tensor("kv_score_buffer", kv_score_buffer, dtypes=FLOAT_DTYPES, ndim=(2, 3))
-    width = state_width(ratio, head_dim, online)
-    shape = buf.shape
+class PlanTuple(tuple):
+    """Base of the plan containers (``plans.CompressorDecodePlan`` / ``CompressorPrefillPlan``).
+
+    ``plan[0]`` is the compress ratio, ``plan[1:]`` the uint8 plan tensors; ``is_decode`` is
+    a class attribute, ``is_online`` None when the plan was built from raw tensors.
+    """
+
+    is_decode: bool
+    is_online: bool | None
+
+    @property
+    def compress_ratio(self) -> int:
+        """The compress ratio the plan was built for (``plan[0]``)."""
+        return self[0]
+
+
+class StoreTail(NamedTuple):
+    """The checked store arguments of ``compress_norm_rope_store`` / ``compress_and_store``.
+
+    ``norm_weight`` fp32/bf16 ``[D]``; ``norm_eps`` a float in (0, 1); ``freq_cis``
+    complex64 ``[T, 32]``; ``out_loc`` int64 ``[N]``; ``kvcache`` uint8
+    ``[pages, fmt.cache_row_bytes(page_size)]``; ``page_size`` a power of two; ``fmt``
+    the cache format the flags select.  All tensors on the call's device.
+    """
+
+    norm_weight: torch.Tensor
+    norm_eps: float
+    freq_cis: torch.Tensor
+    out_loc: torch.Tensor
+    kvcache: torch.Tensor
+    page_size: int
+    fmt: CacheFormat
+
+
+class CompressCall(NamedTuple):
+    """A checked ``compress_forward`` / ``compress_and_store`` call.
+
+    ``state`` is the flat ``[rows, layer.state_width]`` view of the state pool; ``plan_w``
+    is None for a decode plan; ``store`` is set for ``compress_and_store`` only; ``device``
+    is the tensors' ``get_device()`` index (-1: the CPU).
+    """
+
+    layer: LayerKind
+    state: torch.Tensor
+    inp: torch.Tensor
+    ape: torch.Tensor
+    plan_rows: torch.Tensor
+    plan_w: torch.Tensor | None
+    store: StoreTail | None
+    device: int
+
+    @property
+    def is_decode(self) -> bool:
+        """True for a decode plan (one plan row per request)."""
+        return self.plan_w is None
+
+    def is_empty(self) -> bool:
+        """True when the plan has no rows at all (the call launches nothing)."""
+        return self.plan_rows.shape[0] == 0 and (self.plan_w is None or self.plan_w.shape[0] == 0)
+
+
+class StoreCall(NamedTuple):
+    """A checked ``compress_norm_rope_store`` call: row ``i`` of ``kv`` belongs to plan row ``i``."""
+
+    kv: torch.Tensor
+    plan_rows: torch.Tensor
+    is_decode: bool
+    ratio: int
+    store: StoreTail
+    device: int
+
+
+# The user's store arguments, in the order of the public signatures (the API packs them once):
+# (norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store)
+StoreArgs = tuple
+
+# (head dim, use_fp4, bf16_store, page_size) -> (format, kvcache row bytes): filled on first use
+_STORE_FORMATS: dict[tuple[object, ...], tuple[CacheFormat, int]] = {}
+
+
+def check_plan(plan: object, ratio: int | None) -> PlanTuple:
+    """A plan object of ours, built for ``ratio`` (any supported ratio when None)."""
+    if not isinstance(plan, PlanTuple):
+        fail("plan", "a CompressorDecodePlan or CompressorPrefillPlan", type(plan).__name__, TypeError)
+    if ratio is None:
+        check_ratio(plan.compress_ratio)
+    elif plan.compress_ratio != ratio:
+        fail("plan", f"a plan built for compress_ratio {ratio}", f"compress_ratio {plan.compress_ratio}")
+    return plan
+
+
+def check_layer(compress_ratio: object, head_dim: object, is_online: object, plan: object) -> LayerKind:
+    """The layer kind of a compress call (one dict lookup in the common case; else the checks
+    in the order the errors name them: ratio, is_online, the plan's ratio, head_dim)."""
+    if type(compress_ratio) is int and type(head_dim) is int and type(is_online) is bool:
+        layer = LAYER_KINDS.get((compress_ratio, head_dim, is_online))
+        if layer is not None:
+            return layer
+    ratio = check_ratio(compress_ratio)
+    if not isinstance(is_online, bool):
+        fail("is_online", "a bool", repr(is_online), TypeError)
+    if is_online and ratio != 128:
+        fail("is_online", "False unless compress_ratio is 128", f"True with compress_ratio {ratio}")
+    check_plan(plan, ratio)
+    return LAYER_KINDS[(ratio, check_head_dim(head_dim, ratio, is_online), is_online)]
+
+
+def check_plan_tensor(arg: str, t: object, row_bytes: int, device: int | None, grad: bool = False) -> torch.Tensor:
+    """A ``uint8 [rows, row_bytes]`` plan tensor (on ``device`` and contiguous; None: left to the binding)."""
+    check_tensor(arg, t, _U8, _2D, device, grad=grad, contiguous=device is not None)
+    check_size(arg, t, 1, row_bytes, "plan row bytes")  # type: ignore[arg-type]
+    return t  # type: ignore[return-value]
+
+
+def check_compress(
+    kv_score_buffer: object, kv_score_input: object, ape: object, plan: object, head_dim: object,
+    compress_ratio: object, out: object, is_online: object, *, store: StoreArgs | None = None,
+) -> CompressCall:
+    """Check a ``compress_forward`` call (``compress_and_store``: with its ``store`` arguments)."""
+    layer = check_layer(compress_ratio, head_dim, is_online, plan)
+    ratio, H, online = layer.ratio, layer.head_dim, layer.online
+    plan = check_plan(plan, ratio)
+    if plan.is_online is not None and plan.is_online != online:
+        made = "generate_online" if plan.is_online else "generate"
+        fail("is_online", f"{plan.is_online} (the plan was built by {made})", online)
+    grad = torch.is_grad_enabled()
+    dtypes = _F32 if online else FLOAT_DTYPES
+    buf = check_tensor("kv_score_buffer", kv_score_buffer, FLOAT_DTYPES, (2, 3), grad=grad)
+    width, shape = layer.state_width, buf.shape
     if shape[-1] != width:
         kind = "online C128 [max|sum|kv]" if online else f"ratio {ratio}"
-        fail("kv_score_buffer", f"last dim {width} ({kind}, head_dim {head_dim})", f"shape {tuple(shape)}")
+        fail("kv_score_buffer", f"last dim {width} ({kind}, head_dim {H})", f"shape {tuple(shape)}")
     if len(shape) == 3:
-        rows_per_page = 1 if online else ratio
-        if shape[1] != rows_per_page:
-            fail("kv_score_buffer", f"paged view [pages, {rows_per_page}, {width}]", f"shape {tuple(shape)}")
-        return buf.view(-1, width)
-    return buf
-
-
-def check_compress_inputs(
-    state: torch.Tensor,
-    kv_score_input: object,
-    ape: object,
-    out: object | None,
-    plan_rows: int,
-    ratio: int,
-    head_dim: int,
-    online: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    device = state.device
-    dtypes = _F32 if online else FLOAT_DTYPES
-    inp = check_tensor("kv_score_input", kv_score_input, dtypes=dtypes, ndim=_2D, device=device)
-    width = input_width(ratio, head_dim)
-    if inp.shape[1] != width:
-        check_size("kv_score_input", inp, 1, width, f"[tokens, {width}]")  # raises
-    ape_t = check_tensor("ape", ape, dtypes=dtypes, ndim=_2D, device=device)
-    ape_rows = 8 if ratio == 4 else 128
-    if ape_t.shape != (ape_rows, head_dim):
-        fail("ape", f"shape ({ape_rows}, {head_dim})", f"shape {tuple(ape_t.shape)}")
+        page_rows = 1 if online else ratio
+        if shape[1] != page_rows:
+            fail("kv_score_buffer", f"paged view [pages, {page_rows}, {width}]", f"shape {tuple(shape)}")
+        buf = buf.view(-1, width)
+    dev = buf.get_device()
+    chk = checked_by_binding(dev)
+    plan_rows = check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, chk)
+    plan_w = None
+    if not plan.is_decode:
+        plan_w = check_plan_tensor("plan[2]", plan[2], PLAN_ROW_BYTES if online else WRITE_ROW_BYTES, chk)
+    inp = check_tensor("kv_score_input", kv_score_input, dtypes, _2D, chk, grad=grad, contiguous=chk is not None)
+    if inp.shape[1] != layer.input_width:
+        check_size("kv_score_input", inp, 1, layer.input_width, f"[tokens, {layer.input_width}]")  # raises
+    ape_t = check_tensor("ape", ape, dtypes, _2D, chk, grad=grad, contiguous=chk is not None)
+    if ape_t.shape != (layer.ape_rows, H):
+        fail("ape", f"shape ({layer.ape_rows}, {H})", f"shape {tuple(ape_t.shape)}")
     in_place = "the state pool is updated in place"
-    state_span, inp_span, ape_span = byte_span(state), byte_span(inp), byte_span(ape_t)
+    state_span, inp_span, ape_span = byte_span(buf), byte_span(inp), byte_span(ape_t)
     check_no_overlap("kv_score_input", inp_span, "kv_score_buffer", state_span, in_place)
     check_no_overlap("ape", ape_span, "kv_score_buffer", state_span, in_place)
+    n_rows, n_in = plan_rows.shape[0], inp.shape[0]
     if out is not None:
-        out_t = check_tensor("out", out, dtypes=dtypes, ndim=_2D, device=device)
-        if out_t.shape != (plan_rows, head_dim):
-            fail("out", f"shape ({plan_rows}, {head_dim}) (one row per plan row)", f"shape {tuple(out_t.shape)}")
+        out_t = check_tensor("out", out, dtypes, _2D, chk, grad=grad, contiguous=chk is not None)
+        if out_t.shape != (n_rows, H):
+            fail("out", f"shape ({n_rows}, {H}) (one row per plan row)", f"shape {tuple(out_t.shape)}")
         written = "out is written while the others are read"
         out_span = byte_span(out_t)
         check_no_overlap("out", out_span, "kv_score_buffer", state_span, written)
         check_no_overlap("out", out_span, "kv_score_input", inp_span, written)
         check_no_overlap("out", out_span, "ape", ape_span, written)
-    return inp, ape_t
+    if plan_w is None and n_in != n_rows:
+        fail("kv_score_input", f"{n_rows} rows (one per decode request)", n_in)
+    if plan_w is not None and n_in < plan_w.shape[0]:
+        fail("kv_score_input", f">= {plan_w.shape[0]} rows (WritePlan rows)", n_in)
+    tail = None if store is None else _store_tail(store, chk, H, plan_rows.shape[0], plan.is_decode, grad,
+                                                   ("kv_score_buffer", buf))
+    call = CompressCall(layer, buf, inp, ape_t, plan_rows, plan_w, tail, dev)
+    if wants_values(dev):
+        _check_compress_values(call)
+        if tail is not None:
+            _check_store_values(tail, plan_rows, plan.is_decode, ratio)
+    return call
 
 
-def check_plan_tensor(arg: str, t: object, row_bytes: int, device: torch.device | None) -> torch.Tensor:
-    """A ``uint8 [rows, row_bytes]`` contiguous plan tensor (on ``device`` when given)."""
-    check_tensor(arg, t, dtypes=_U8, ndim=_2D, device=device)
-    check_size(arg, t, 1, row_bytes, "plan row bytes")  # type: ignore[arg-type]
-    return t  # type: ignore[return-value]
+def check_store(kv: object, plan: object, store: StoreArgs) -> StoreCall:
+    """Check a ``compress_norm_rope_store`` call (``store``: the user's store arguments)."""
+    plan = check_plan(plan, None)
+    grad = torch.is_grad_enabled()
+    kv_t = check_tensor("kv", kv, FLOAT_DTYPES, _2D, grad=grad)
+    D = kv_t.shape[1]
+    if D != 128 and D != 512:
+        fail("kv", "head dim 128 (indexer) or 512 (main KV)", f"shape {tuple(kv_t.shape)}")
+    dev = kv_t.get_device()
+    chk = checked_by_binding(dev)
+    plan_rows = check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, chk)
+    rows = plan_rows.shape[0]
+    check_size("kv", kv_t, 0, rows, "one row per plan row")
+    tail = _store_tail(store, chk, D, rows, plan.is_decode, grad, ("kv", kv_t))
+    if rows and wants_values(dev):
+        _check_store_values(tail, plan_rows, plan.is_decode, plan.compress_ratio)
+    return StoreCall(kv_t, plan_rows, plan.is_decode, plan.compress_ratio, tail, dev)
+
+
+def store_format(head_dim: int, use_fp4: object, bf16_store: object, page_size: object) -> tuple[CacheFormat, int]:
+    """``(format, kvcache row bytes)`` of a store: checked once per key, then one dict lookup."""
+    key = (head_dim, use_fp4, bf16_store, page_size)
+    hit = _STORE_FORMATS.get(key) if type(page_size) is int else None
+    if hit is not None:
+        return hit
+    if type(use_fp4) is not bool:  # bool cannot be subclassed: same as isinstance
+        fail("use_fp4", "a bool", repr(use_fp4), TypeError)
+    if type(bf16_store) is not bool:
+        fail("bf16_store", "a bool", repr(bf16_store), TypeError)
+    if use_fp4 and head_dim != 128:
+        fail("use_fp4", "False unless head dim is 128 (FP4 is the indexer format)", f"True with head dim {head_dim}")
+    if bf16_store and head_dim != 512:
+        fail("bf16_store", "False unless head dim is 512 (main KV)", f"True with head dim {head_dim}")
+    check_int("page_size", page_size, minimum=1)
+    if page_size & (page_size - 1):  # type: ignore[operator]
+        fail("page_size", "a power of two", page_size)
+    fmt = select_cache_format(head_dim, use_fp4, bf16_store)
+    hit = fmt, fmt.cache_row_bytes(page_size)  # type: ignore[arg-type]
+    if type(page_size) is int:
+        _STORE_FORMATS[key] = hit
+    return hit
+
+
+def _store_tail(store: StoreArgs, dev: int | None, D: int, rows: int, is_decode: bool, grad: bool,
+                source: tuple[str, torch.Tensor]) -> StoreTail:
+    """Check the store arguments against the ``rows`` plan rows they store (``source``: the
+    argument those rows are computed from, which must not overlap the cache; ``dev``: as
+    ``checked_by_binding`` returns it)."""
+    lean = dev is None
+    norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store = store
+    fmt, row_bytes = store_format(D, use_fp4, bf16_store, page_size)
+    w = check_tensor("norm_weight", norm_weight, FLOAT_DTYPES, _1D, dev, grad=grad, contiguous=not lean)
+    if w.shape[0] != D:
+        check_size("norm_weight", w, 0, D, "head dim of kv")  # raises
+    if not (type(norm_eps) is float and 0.0 < norm_eps < 1.0):
+        if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)):
+            fail("norm_eps", "a float in (0, 1)", repr(norm_eps), TypeError)
+        if not 0 < norm_eps < 1:
+            fail("norm_eps", "a float in (0, 1)", repr(norm_eps))
+        norm_eps = float(norm_eps)
+    freq = check_tensor("freq_cis", freq_cis, _C64, _2D, dev, grad=grad, contiguous=False)
+    if freq.shape[1] != 32:
+        check_size("freq_cis", freq, 1, 32, "rope_dim / 2 complex entries")  # raises
+    loc = check_tensor("out_loc", out_loc, _I64, _1D, dev, grad=grad, contiguous=not lean)
+    n_loc = loc.shape[0]
+    if is_decode and n_loc != rows:
+        fail("out_loc", f"{rows} entries (one per decode request)", n_loc)
+    if not is_decode and n_loc < rows:
+        fail("out_loc", f">= {rows} entries (one per query token)", n_loc)
+    cache = check_tensor("kvcache", kvcache, _U8, _2D, dev, grad=grad, contiguous=not lean)
+    if cache.shape[1] != row_bytes:
+        fail("kvcache", f"[pages, {row_bytes}] ({fmt.name} page of {page_size} tokens)", f"shape {tuple(cache.shape)}")
+    written = "kvcache is written while the others are read"
+    cache_span = byte_span(cache)
+    src_arg, src = source
+    check_no_overlap(src_arg, byte_span(src), "kvcache", cache_span, f"kvcache is written while {src_arg} is read")
+    check_no_overlap("norm_weight", byte_span(w), "kvcache", cache_span, written)
+    check_no_overlap("freq_cis", byte_span(freq), "kvcache", cache_span, written)
+    check_no_overlap("out_loc", byte_span(loc), "kvcache", cache_span, written)
+    return StoreTail(w, norm_eps, freq, loc, cache, page_size, fmt)  # type: ignore[arg-type]
+
+
+def _check_compress_values(call: CompressCall) -> None:
+    """Data-dependent compress checks: every index the plan holds lies inside its tensor."""
+    layer, plan_rows, plan_w = call.layer, call.plan_rows, call.plan_w
+    rows, n_in, ratio, online = call.state.shape[0], call.inp.shape[0], layer.ratio, layer.online
+    if plan_w is None:
+        check_plan_indices(rows, n_in, ratio, online, decode=decode_fields(plan_rows))
+    elif online:
+        check_plan_indices(rows, n_in, ratio, True, compress=compress_fields(plan_rows))
+        check_plan_indices(rows, n_in, ratio, True, compress=compress_fields(plan_w))
+    else:
+        check_plan_indices(rows, n_in, ratio, False, compress=compress_fields(plan_rows), write=write_fields(plan_w))
+    if debug_checks_enabled():
+        check_finite_reads(call)
+
+
+def _check_store_values(tail: StoreTail, plan_rows: torch.Tensor, is_decode: bool, ratio: int) -> None:
+    """Data-dependent store checks: ragged ids inside ``out_loc``, destinations and RoPE positions."""
+    loc = tail.out_loc
+    if not is_decode:
+        fields = compress_fields(plan_rows)
+        ragged = fields["ragged_id"][fields["valid"]]
+        if ragged.numel() and int(ragged.max()) >= loc.shape[0]:
+            fail("out_loc", f"> {int(ragged.max())} entries (largest ragged_id in the plan)", loc.shape[0])
+    valid, dest, positions = store_targets(plan_rows, is_decode, ratio, loc)
+    check_store_values(dest[valid], positions[valid], tail.kvcache, tail.page_size, tail.freq_cis.shape[0])
+
+
+def check_finite_reads(call: CompressCall) -> None:
+    """No NaN / inf in the ``kv_score_input`` rows and no NaN in the state entries the call reads.
+
+    Input rows: every row of a decode call; rows up to the largest ragged id a prefill
+    plan names (CUDA-graph padding rows after the real tokens are not read).  State: the
+    window entries pooled from the state pool (decode rows at a window boundary, prefill
+    rows with ``buffer_len > 0``), each only in the columns it contributes (C4: the overlap
+    halves of the previous block, and only past the first window; the own halves of the
+    current block), and the running state of an online row that continues a window.  Only
+    NaN counts in the state: a cleared row holds score -inf.  Run after
+    ``check_plan_indices`` (every index is in range).
+    """
+    layer, state, inp, plan_rows, plan_w = call.layer, call.state, call.inp, call.plan_rows, call.plan_w
+    ratio, online, H = layer.ratio, layer.online, layer.head_dim
+    dev = state.device
+    offs = torch.arange(ratio, device=dev)
+    # (state rows, the columns they are read in): C4 entries 0-3 read the overlap halves, 4-7 the own halves
+    reads: list[tuple[torch.Tensor, list[int] | None]] = []
+    if plan_w is None:
+        f = decode_fields(plan_rows)
+        used = inp
+        if online:
+            reads.append((f["read_page_0"][torch.remainder(f["seq_len"] - 1, 128) != 0], None))
+        else:
+            boundary = torch.remainder(f["seq_len"], ratio) == 0 if ratio == 4 else \
+                torch.remainder(f["write_loc"], 128) == 127
+            own = (f["read_page_1"][boundary, None] * ratio + offs).flatten()
+            # the current token's row is written from the input before the window is read
+            own = own[~torch.isin(own, f["write_loc"])]
+            if ratio == 4:
+                prev = (f["read_page_0"][boundary & (f["seq_len"] > 4), None] * 4 + offs).flatten()
+                reads += [(own, [*range(H, 2 * H), *range(3 * H, 4 * H)]),
+                          (prev, [*range(0, H), *range(2 * H, 3 * H)])]
+            else:
+                reads.append((own, None))
+    else:
+        lists = [compress_fields(plan_rows)] + ([compress_fields(plan_w)] if online else [])
+        ragged = torch.cat([c["ragged_id"][c["valid"]] for c in lists])
+        if not online:
+            w = write_fields(plan_w)
+            ragged = torch.cat([ragged, w["ragged_id"][w["valid"]]])
+        used = inp[: int(ragged.max()) + 1] if ragged.numel() else inp[:0]
+        if online:
+            for c in lists:  # a segment that starts inside its window merges with its slot's state
+                slot = torch.where(c["read_page_1"] >= 0, c["read_page_1"], c["read_page_0"])
+                starts_inside = torch.remainder(c["seq_len"] - 1, 128) + 1 != c["buffer_len"]
+                reads.append((slot[c["valid"] & starts_inside & (slot >= 0)], None))
+        else:
+            c = lists[0]
+            idx = (c["valid"] & (c["buffer_len"] > 0)).nonzero().squeeze(1)
+            buffered = offs[None, :] < c["buffer_len"][idx, None]  # window entries 0..r-1 from the state
+            if ratio == 4:
+                own = (c["read_page_1"][idx, None] * 4 + offs)[(offs[None, :] + 4 < c["buffer_len"][idx, None])]
+                prev_ok = buffered & (c["seq_len"][idx, None] > 4)
+                prev = (c["read_page_0"][idx, None] * 4 + offs)[prev_ok]
+                reads += [(own, [*range(H, 2 * H), *range(3 * H, 4 * H)]),
+                          (prev, [*range(0, H), *range(2 * H, 3 * H)])]
+            else:
+                reads.append(((c["read_page_1"][idx, None] * 128 + offs)[buffered], None))
+    bad_in = ~torch.isfinite(used).all(dim=1)
+    if bool(bad_in.any()):
+        row = int(bad_in.nonzero()[0, 0])
+        fail("kv_score_input", "finite values in every row the call reads (FLASHCOMPRESS_DEBUG check)",
+             f"a non-finite value in row {row}")
+    for rows, cols in reads:
+        if rows.numel():
+            values = state[rows] if cols is None else state[rows][:, cols]
+            bad = torch.isnan(values).any(dim=1)
+            if bool(bad.any()):
+                fail("kv_score_buffer", "no NaN in the state rows the call reads (FLASHCOMPRESS_DEBUG check)",
+                     f"NaN in state row {int(rows[bad.nonzero()[0, 0]])}")
 
 
 def check_plan_indices(
@@ -401,90 +747,6 @@ def check_plan_indices(
         in_range("ragged_id", "kv_score_input rows", write["ragged_id"][valid], input_rows)
         in_range("write_loc", "state rows", write["write_loc"][valid], state_rows)
 
-
-# --------------------------------------------------------------------------
-# compress_norm_rope_store
-# --------------------------------------------------------------------------
-
-
-def check_store_args(
-    kv: object,
-    plan_rows: int,
-    norm_weight: object,
-    norm_eps: object,
-    freq_cis: object,
-    out_loc: object,
-    kvcache: object,
-    page_size: object,
-    use_fp4: object,
-    bf16_store: object,
-    is_decode: bool,
-    fmt_for: Callable[[int, bool, bool], CacheFormat],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, CacheFormat]:
-    kv_t = check_tensor("kv", kv, dtypes=FLOAT_DTYPES, ndim=_2D)
-    D = kv_t.shape[1]
-    if D not in (128, 512):
-        fail("kv", "head dim 128 (indexer) or 512 (main KV)", f"shape {tuple(kv_t.shape)}")
-    check_size("kv", kv_t, 0, plan_rows, "one row per plan row")
-    loc, freq, fmt = check_store_targets(
-        kv_t.device, D, plan_rows, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
-        use_fp4, bf16_store, is_decode, fmt_for)
-    check_no_overlap("kv", byte_span(kv_t), "kvcache", byte_span(kvcache),  # type: ignore[arg-type]
-                     "kvcache is written while kv is read")
-    return kv_t, loc, freq, fmt
-
-
-def check_store_targets(
-    device: torch.device,
-    D: int,
-    plan_rows: int,
-    norm_weight: object,
-    norm_eps: object,
-    freq_cis: object,
-    out_loc: object,
-    kvcache: object,
-    page_size: object,
-    use_fp4: object,
-    bf16_store: object,
-    is_decode: bool,
-    fmt_for: Callable[[int, bool, bool], CacheFormat],
-) -> tuple[torch.Tensor, torch.Tensor, CacheFormat]:
-    """Everything of a store call except the rows themselves (``compress_and_store`` has none)."""
-    if type(use_fp4) is not bool:  # bool cannot be subclassed: same as isinstance
-        fail("use_fp4", "a bool", repr(use_fp4), TypeError)
-    if type(bf16_store) is not bool:
-        fail("bf16_store", "a bool", repr(bf16_store), TypeError)
-    if use_fp4 and D != 128:
-        fail("use_fp4", "False unless head dim is 128 (FP4 is the indexer format)", f"True with head dim {D}")
-    if bf16_store and D != 512:
-        fail("bf16_store", "False unless head dim is 512 (main KV)", f"True with head dim {D}")
-    w = check_tensor("norm_weight", norm_weight, dtypes=FLOAT_DTYPES, ndim=_1D, device=device)
-    check_size("norm_weight", w, 0, D, "head dim of kv")
-    if not (type(norm_eps) is float and 0.0 < norm_eps < 1.0) and (  # the common case decided by the first test
-            isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not (0 < float(norm_eps) < 1)):
-        fail("norm_eps", "a float in (0, 1)", repr(norm_eps), TypeError if not isinstance(norm_eps, (int, float)) else ValueError)
-    freq = check_tensor("freq_cis", freq_cis, dtypes=_C64, ndim=_2D, device=device, contiguous=False)
-    check_size("freq_cis", freq, 1, 32, "rope_dim / 2 complex entries")
-    loc = check_tensor("out_loc", out_loc, dtypes=_I64, ndim=_1D, device=device)
-    n_loc = loc.shape[0]
-    if is_decode and n_loc != plan_rows:
-        fail("out_loc", f"{plan_rows} entries (one per decode request)", n_loc)
-    if not is_decode and n_loc < plan_rows:
-        fail("out_loc", f">= {plan_rows} entries (one per query token)", n_loc)
-    check_int("page_size", page_size, minimum=1)
-    if page_size & (page_size - 1):  # type: ignore[operator]
-        fail("page_size", "a power of two", page_size)
-    fmt = fmt_for(D, use_fp4, bf16_store)
-    cache = check_tensor("kvcache", kvcache, dtypes=_U8, ndim=_2D, device=device)
-    written = "kvcache is written while the others are read"
-    cache_span = byte_span(cache)
-    check_no_overlap("norm_weight", byte_span(w), "kvcache", cache_span, written)
-    check_no_overlap("freq_cis", byte_span(freq), "kvcache", cache_span, written)
-    check_no_overlap("out_loc", byte_span(loc), "kvcache", cache_span, written)
-    row_bytes = fmt.data_bytes * page_size if fmt.scale_bytes == 0 else fmt.page_bytes(page_size)  # type: ignore[arg-type]
-    if cache.shape[1] != row_bytes:
-        fail("kvcache", f"[pages, {row_bytes}] ({fmt.name} page of {page_size} tokens)", f"shape {tuple(cache.shape)}")
-    return loc, freq, fmt
 
 
 def check_store_values(

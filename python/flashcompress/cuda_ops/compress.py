@@ -1,7 +1,7 @@
 """The ``compress`` JIT family: CUDA kernels of ``compress_forward`` and ``compress_and_store``.
 
 Same functions and signatures as the PyTorch backend's op entry points
-(``torch_backend/ops.py``); arguments arrive validated by ``flashcompress.api``.
+(``torch_backend/ops.py``): each takes the checked call object of ``flashcompress.validation``.
 Kernels: ``jit_kernel/compress.cuh`` (header comment: shapes, plan rows read,
 thread mapping), binding checks ``jit_kernel/compress_binding.h``, templates
 ``templates/compress_{kernel.cu,binding.cpp}.j2`` (one explicit instantiation).
@@ -32,7 +32,7 @@ import torch
 
 from ..jit.family import Family, module_memo, register_family
 from ..jit.models import model_config
-from ..layouts import CacheFormat
+from ..validation import CompressCall
 from .store import freq_table
 
 __all__ = ["COMPRESS", "compress_and_store", "compress_forward"]
@@ -96,7 +96,7 @@ def _warmup(key: Any) -> None:
         from ..layouts import select_cache_format
 
         fmt = select_cache_format(head, store == "idx_fp4", store == "bf16")
-        cache = torch.zeros((1, _page_bytes(fmt, 1)), dtype=torch.uint8, device=dev)
+        cache = torch.zeros((1, fmt.cache_row_bytes(1)), dtype=torch.uint8, device=dev)
         weight = torch.ones((head,), dtype=torch.float32, device=dev)
         freq = torch.zeros((1, 64), dtype=torch.float32, device=dev)
         loc = torch.zeros((1,), dtype=torch.int64, device=dev)
@@ -125,10 +125,6 @@ COMPRESS = register_family(
 )
 
 
-def _page_bytes(fmt: CacheFormat, page_size: int) -> int:
-    return fmt.data_bytes * page_size if fmt.scale_bytes == 0 else fmt.page_bytes(page_size)
-
-
 _MODULES: dict[tuple[Any, ...], Any] = module_memo()
 
 
@@ -147,23 +143,13 @@ def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: to
     return module
 
 
-def compress_forward(
-    state: torch.Tensor,
-    inp: torch.Tensor,
-    ape: torch.Tensor,
-    plan_rows: torch.Tensor,
-    plan_w: torch.Tensor | None,
-    out: torch.Tensor,
-    *,
-    ratio: int,
-    head_dim: int,
-    is_online: bool,
-) -> None:
-    """Pool windows into ``out`` and update the state pool (decode: ``plan_w`` is None)."""
+def compress_forward(call: CompressCall, out: torch.Tensor) -> None:
+    """Pool windows into ``out`` and update the state pool (decode: ``call.plan_w`` is None)."""
+    layer, state, inp, ape, plan_rows, plan_w = call.layer, call.state, call.inp, call.ape, call.plan_rows, call.plan_w
     in_dtype = inp.dtype
     if ape.dtype is not in_dtype:
         ape = ape.to(in_dtype)
-    memo = (ratio, is_online, head_dim, in_dtype, state.dtype, out.dtype, "none")
+    memo = (layer.ratio, layer.online, layer.head_dim, in_dtype, state.dtype, out.dtype, "none")
     module = _MODULES.get(memo)
     if module is None:
         module = _module(*memo)
@@ -171,38 +157,24 @@ def compress_forward(
     module.compress(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, out, is_decode)
 
 
-def compress_and_store(
-    state: torch.Tensor,
-    inp: torch.Tensor,
-    ape: torch.Tensor,
-    plan_rows: torch.Tensor,
-    plan_w: torch.Tensor | None,
-    *,
-    ratio: int,
-    head_dim: int,
-    is_online: bool,
-    is_decode: bool,
-    norm_weight: torch.Tensor,
-    norm_eps: float,
-    freq_cis: torch.Tensor,
-    out_loc: torch.Tensor,
-    kvcache: torch.Tensor,
-    page_size: int,
-    fmt: CacheFormat,
-) -> None:
+def compress_and_store(call: CompressCall) -> None:
     """Pool windows, update the state pool and store each compressed row into ``kvcache``: the
     compress kernel with the store epilogue (decode: one launch; prefill: the pooling pass, which
     stores, then the state write pass)."""
+    layer, state, inp, ape, plan_rows, plan_w, st = (call.layer, call.state, call.inp, call.ape, call.plan_rows,
+                                                     call.plan_w, call.store)
     in_dtype = inp.dtype
     if ape.dtype is not in_dtype:
         ape = ape.to(in_dtype)
+    norm_weight = st.norm_weight
     if norm_weight.dtype is not in_dtype:  # the two-step path rounds the weight to the kv dtype
         norm_weight = norm_weight.to(in_dtype)
     if in_dtype is not torch.float32:  # the kernel reads an fp32 weight
         norm_weight = norm_weight.float()
-    memo = (ratio, is_online, head_dim, in_dtype, state.dtype, in_dtype, fmt.name)
+    memo = (layer.ratio, layer.online, layer.head_dim, in_dtype, state.dtype, in_dtype, st.fmt.name)
     module = _MODULES.get(memo)
     if module is None:
         module = _module(*memo)
+    is_decode = plan_w is None
     module.compress_store(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, norm_weight,
-                          freq_table(freq_cis), out_loc, kvcache, norm_eps, int(page_size), is_decode)
+                          freq_table(st.freq_cis), st.out_loc, st.kvcache, st.norm_eps, st.page_size, is_decode)

@@ -1,7 +1,7 @@
 """The ``store`` JIT family: ``compress_norm_rope_store`` on CUDA tensors (spec store-and-jit.md §3-§6).
 
-Same function and signature as ``flashcompress.torch_backend.ops.compress_norm_rope_store``;
-arguments arrive validated by ``flashcompress.api``.  One warp per plan row
+Same function and signature as ``flashcompress.torch_backend.ops.compress_norm_rope_store``:
+it takes the checked ``validation.StoreCall``.  One warp per plan row
 (``jit_kernel/store.cuh``): RMSNorm, interleaved RoPE on the last 64 dims at
 ``seq_len - ratio``, the 128-point Hadamard for the indexer, then the V4 / indexer FP8 /
 indexer FP4 / bf16 encoding scattered into the paged cache.  Skipped rows (decode:
@@ -27,6 +27,7 @@ import torch
 
 from ..jit.family import Family, module_memo, register_family
 from ..layouts import BF16_ROWS, INDEXER_FP4, INDEXER_FP8, MAIN_V4, CacheFormat
+from ..validation import StoreCall, StoreTail
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..jit.variant import VariantKey
@@ -85,10 +86,9 @@ def _warmup(key: "VariantKey") -> None:
     plan[:, :4] = seq.to(torch.int32).view(torch.uint8).reshape(rows, 4)
     out_loc = torch.tensor([5, 0, 2], dtype=torch.int64)
     pages = 2
-    row_bytes = fmt.page_bytes(page_size) if fmt.scale_bytes else fmt.data_bytes * page_size
-    want = torch.full((pages, row_bytes), 0x5A, dtype=torch.uint8)
-    torch_ops.compress_norm_rope_store(kv, plan, is_decode=True, ratio=4, norm_weight=weight, norm_eps=1e-6,
-                                       freq_cis=freq, out_loc=out_loc, kvcache=want, page_size=page_size, fmt=fmt)
+    want = torch.full((pages, fmt.cache_row_bytes(page_size)), 0x5A, dtype=torch.uint8)
+    torch_ops.compress_norm_rope_store(StoreCall(kv, plan, True, 4, StoreTail(weight, 1e-6, freq, out_loc, want,
+                                                                              page_size, fmt), -1))
     got = torch.full_like(want, 0x5A).to(dev)
     _launch(module, kv.to(dev), plan.to(dev), True, 4, weight.to(dev), 1e-6, freq.to(dev), out_loc.to(dev), got,
             page_size)
@@ -131,27 +131,16 @@ def store_module(fmt: CacheFormat, dtype: torch.dtype) -> Any:
     return module
 
 
-def compress_norm_rope_store(
-    kv: torch.Tensor,
-    plan_rows: torch.Tensor,
-    *,
-    is_decode: bool,
-    ratio: int,
-    norm_weight: torch.Tensor,
-    norm_eps: float,
-    freq_cis: torch.Tensor,
-    out_loc: torch.Tensor,
-    kvcache: torch.Tensor,
-    page_size: int,
-    fmt: CacheFormat,
-) -> None:
+def compress_norm_rope_store(call: StoreCall) -> None:
     """RMSNorm + RoPE (+ Hadamard) + quantised store of the plan's stored rows (one launch).
 
     Host work: one memo lookup, a weight cast only when its dtype differs from ``kv``'s
     (the peer's rounding of the weight), and the real view of ``freq_cis`` (``freq_table``).
     """
-    mod = _MODULES.get((fmt.name, kv.dtype)) or store_module(fmt, kv.dtype)
-    _launch(mod, kv, plan_rows, is_decode, ratio, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size)
+    kv, st = call.kv, call.store
+    mod = _MODULES.get((st.fmt.name, kv.dtype)) or store_module(st.fmt, kv.dtype)
+    _launch(mod, kv, call.plan_rows, call.is_decode, call.ratio, st.norm_weight, st.norm_eps, st.freq_cis,
+            st.out_loc, st.kvcache, st.page_size)
 
 
 def _launch(
