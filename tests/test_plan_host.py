@@ -108,10 +108,10 @@ def test_edge_batches_match_pytorch(native: None, ratio: int, online: bool) -> N
                                    f"r{ratio} online={online} ring {ring} page {p} batch {len(seq)}")
 
 
-def test_pinned_flag_is_ignored_for_bytes_without_cuda(native: None) -> None:
-    """The pinned-memory request only changes where the rows live (CUDA builds of torch)."""
-    if not torch.cuda.is_available():
-        pytest.skip("pinned host memory needs a CUDA build of torch and a GPU")
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned host memory needs a CUDA build of torch and a GPU")
+def test_pinned_rows_have_the_same_bytes(native: None) -> None:
+    """The pinned-memory request only changes where the rows live."""
     seq, ext = torch.tensor([300, 9]), torch.tensor([300, 9])
     plan_c, plan_w = plan_host.prefill_stage0(4, seq, ext, 256, 8, False, 309, pin_memory=True)
     assert plan_c.is_pinned() and plan_w.is_pinned()
@@ -279,3 +279,53 @@ def test_host_only_family_rejects_gpu_sources() -> None:
 
     with pytest.raises(ValueError, match="host-only"):
         Family("bad_host", sources=(("x.cu.j2", "kernel.cu"), ("y.cpp.j2", "binding.cpp")), host_only=True)
+
+
+# ----------------------------------------------------------------------------- GPU (pytest -m gpu)
+
+
+def pure_pytorch_plan(mode: tuple[int, int, bool] | str, rids: torch.Tensor, seq: torch.Tensor, ext: torch.Tensor,
+                      world, graph: bool, offset: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final plan with the PyTorch stage 0 and stage 1 on CPU copies (no native code involved)."""
+    num_q = int(ext.sum())
+    if mode == "online":
+        c0, w0 = reference_stage0(128, True, seq, ext, 256, 1, True, num_q if graph else None)
+        return tp.online_prefill_stage1(c0, rids, offset), tp.online_prefill_stage1(w0, rids, offset)
+    ratio, ring, req_ring = mode
+    c0, w0 = reference_stage0(ratio, False, seq, ext, 256, ring, req_ring, num_q if graph else None)
+    return tp.prefill_stage1(ratio, c0, w0, rids, world.req_to_token, world.full_to_state, 256, ring, req_ring)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("graph", [False, True], ids=["exact", "graph_padded"])
+@pytest.mark.parametrize("mode", MODES + ["online"], ids=lambda m: m if m == "online" else mode_id(m))
+def test_gpu_generate_with_host_lengths(native: None, monkeypatch: pytest.MonkeyPatch, mode, graph: bool) -> None:
+    """``generate`` / ``generate_online`` with CPU lengths and GPU tables: native stage 0 into pinned
+    host memory, async copy, stage-1 kernel; the bytes of the all-PyTorch planner."""
+    pinned: list[bool] = []
+    host_rows = plan_host._host_rows
+
+    def recording(rows: int, row_bytes: int, pin_memory: bool) -> torch.Tensor:
+        out = host_rows(rows, row_bytes, pin_memory)
+        pinned.append(out.is_pinned())
+        return out
+
+    monkeypatch.setattr(plan_host, "_host_rows", recording)
+    world = make_world(seed=5)
+    r2t, f2s = world.to("cuda")
+    rng = random.Random(f"{mode}{graph}")
+    for trial in range(8):
+        rids, seq, ext = random_batch(rng, world, rng.randint(1, 12), rng.choice([3, 40, 700]))
+        num_q = int(ext.sum())
+        if mode == "online":
+            plan = CompressorPrefillPlan.generate_online(seq, ext, rids.cuda(), r2t, num_q, graph, 7)
+        else:
+            ratio, ring, req_ring = mode
+            plan = CompressorPrefillPlan.generate(ratio, rids.cuda(), seq, ext, r2t, f2s, 256, ring, num_q, graph,
+                                                  req_ring)
+        want_c, want_w = pure_pytorch_plan(mode, rids, seq, ext, world, graph)
+        assert plan[1].is_cuda and plan[2].is_cuda
+        assert_plan_bytes(plan[1], want_c, f"{mode} trial {trial} plan_c")
+        assert_plan_bytes(plan[2], want_w, f"{mode} trial {trial} plan_w", "compress" if mode == "online" else "write")
+    assert pinned and all(pinned), "stage-0 rows must be written into pinned host memory"
