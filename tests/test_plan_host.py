@@ -129,7 +129,8 @@ def test_golden_prefill_plans_through_the_native_planner(native: None, path: str
     from test_golden_plans_compress import assert_plan_equal, build_plan
 
     d = load_golden(path)
-    calls = [c for c in sorted({k.split(".")[0] for k in d if "." in k}) if d[f"{c}.api"].startswith("CompressorPrefill")]
+    calls = sorted({k.split(".")[0] for k in d if "." in k})
+    calls = [c for c in calls if d[f"{c}.api"].startswith("CompressorPrefill")]
     assert calls, f"{path} has no prefill calls"
     for call in calls:
         assert d[f"{call}.seq_lens"].is_cpu

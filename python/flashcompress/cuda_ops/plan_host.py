@@ -20,8 +20,8 @@ Fallback (``native_planner``): with ``FLASHCOMPRESS_BACKEND=torch`` the PyTorch 
 silently (it was asked for).  Otherwise the variant is loaded through the engine; where it
 cannot be loaded or built (no C++ compiler and no cached entry, offline cache miss, build
 failure, unwritable cache: any ``JitError``) the PyTorch stage 0 runs and a
-``HostPlannerFallbackWarning`` says why, once per variant and process.  The bytes are the same
-either way; only the host time differs.
+``HostPlannerFallbackWarning`` (``flashcompress.jit``) says why, once per variant and process.
+The bytes are the same either way; only the host time differs.
 
 Arguments are assumed validated by ``flashcompress.plans`` (lengths are int64, 1-D, on the CPU,
 ``sum(extend_lens) == num_tokens``); the binding re-checks everything it relies on before it
@@ -35,7 +35,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..jit.errors import JitError
+from ..jit.errors import HostPlannerFallbackWarning, JitError
 from ..jit.family import Family, module_memo, register_family
 from ..jit.settings import get_settings
 from ..layouts import INVALID_COMPRESS_ROW, INVALID_WRITE_ROW, PLAN_ROW_BYTES, WRITE_ROW_BYTES
@@ -56,10 +56,6 @@ PLAN_HOST = register_family(
     validate=_validate,
     presets=_presets,
 )
-
-
-class HostPlannerFallbackWarning(UserWarning):
-    """The native host planner could not be loaded or built; prefill stage 0 runs in PyTorch."""
 
 
 _NATIVE: dict[tuple[int, bool], Any] = module_memo()  # (ratio, online) -> module, or None: PyTorch
@@ -84,7 +80,7 @@ def native_planner(ratio: int, online: bool) -> Any | None:
                 f"flashcompress: the native host planner plan_host(ratio={ratio}, online={online}) is unavailable, "
                 f"so prefill stage 0 with host lengths runs in PyTorch (same bytes, more host time): "
                 f"{type(exc).__name__}: {exc}\nSet FLASHCOMPRESS_BACKEND=torch to choose the PyTorch planner "
-                f"without this warning.", HostPlannerFallbackWarning, stacklevel=4)
+                f"without this warning.", HostPlannerFallbackWarning, stacklevel=5)  # the generate call
     _NATIVE[memo_key] = module
     return module
 

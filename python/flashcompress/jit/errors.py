@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["BuildError", "CacheCorruptionWarning", "CacheNotWritable", "CaptureBuildError", "JitError",
-           "LockTimeout", "OfflineCacheMiss", "ToolchainMissing", "UnknownFamily"]
+__all__ = ["BuildError", "CacheCorruptionWarning", "CacheNotWritable", "CaptureBuildError",
+           "HostPlannerFallbackWarning", "JitError", "LockTimeout", "OfflineCacheMiss", "ToolchainMissing",
+           "UnknownFamily"]
 
 
 class JitError(RuntimeError):
@@ -135,3 +136,9 @@ class BuildError(JitError):
 class CacheCorruptionWarning(RuntimeWarning):
     """A cached library failed to load or did not match its manifest (size, sha256, exports);
     it is removed and rebuilt (or, where nothing can be built, removed and reported)."""
+
+
+class HostPlannerFallbackWarning(UserWarning):
+    """The native host planner (``plan_host``) could not be loaded or built, so prefill stage 0 from
+    host lengths runs in PyTorch: the same bytes, more host time.  Issued once per variant and
+    process; ``FLASHCOMPRESS_BACKEND=torch`` chooses the PyTorch stage 0 without it."""

@@ -13,8 +13,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .family import Family
     from .variant import VariantKey
 
-__all__ = ["BASE_CUDA_FLAGS", "BASE_CXX_FLAGS", "BASE_HIP_FLAGS", "BASE_LD_FLAGS", "HOST_ONLY_CXX_FLAGS", "logical_flags",
-           "target_flags"]
+__all__ = ["BASE_CUDA_FLAGS", "BASE_CXX_FLAGS", "BASE_HIP_FLAGS", "BASE_LD_FLAGS", "HOST_ONLY_CXX_FLAGS",
+           "logical_flags", "target_flags"]
 
 # Device flags.  ptxas optimises device code at -O3 by default; -O2 is the host side.
 BASE_CUDA_FLAGS: tuple[str, ...] = (
