@@ -18,8 +18,9 @@
 // Every tensor is contiguous host memory (cpu, or cuda_host / rocm_host); plan rows are
 // row-aligned. Before anything is written the binding checks the tensors (TypeError for a
 // wrong dtype, ValueError otherwise, naming the argument) and the lengths, with the messages of
-// python/flashcompress/validation.py: 0 < extend_lens[b] <= seq_lens[b], sum(extend_lens) == N,
-// N <= 65536 (ragged ids are u16); ring_size in [1, INT32_MAX], swa_page_size too when paged.
+// python/flashcompress/validation.py: 0 < extend_lens[b] <= seq_lens[b], sum(extend_lens) <= N
+// (the API asks for equality with host lengths; more rows are a padded bucket), N <= 65536
+// (ragged ids are u16); ring_size in [1, INT32_MAX], swa_page_size too when paged.
 #pragma once
 
 #include <tvm/ffi/container/shape.h>
@@ -82,8 +83,9 @@ inline Lengths check_inputs(const TensorView& plan_c, const TensorView& plan_w,
       << "extend_lens: expected 0 < extend_lens[i] <= seq_lens[i] for every request, got "
       << "extend_lens[" << b << "] = " << (b < 0 ? 0 : len.extend_lens[b]) << ", seq_lens[" << b
       << "] = " << (b < 0 ? 0 : len.seq_lens[b]);
-  TVM_FFI_CHECK(lc.total_tokens == num_tokens, ValueError)
-      << "num_q_tokens: expected sum(extend_lens) = " << lc.total_tokens << ", got " << num_tokens;
+  TVM_FFI_CHECK(lc.total_tokens <= num_tokens, ValueError)
+      << "num_q_tokens: expected >= sum(extend_lens) = " << lc.total_tokens
+      << " (padded token count), got " << num_tokens;
   return len;
 }
 

@@ -24,7 +24,7 @@ failure, unwritable cache: any ``JitError``) the PyTorch stage 0 runs and a
 The bytes are the same either way; only the host time differs.
 
 Arguments are assumed validated by ``flashcompress.plans`` (lengths are int64, 1-D, on the CPU,
-``sum(extend_lens) == num_tokens``); the binding re-checks everything it relies on before it
+``sum(extend_lens) == num_tokens``; a larger ``num_tokens`` is a padded bucket); the binding re-checks everything it relies on before it
 writes a byte and raises the validation layer's ``ValueError`` / ``TypeError`` messages.
 """
 
@@ -106,7 +106,7 @@ def _stage0(
             plan_c = pad_rows(plan_c, num_tokens, INVALID_COMPRESS_ROW)
             plan_w = pad_rows(plan_w, num_tokens, write_sentinel)
         return (plan_c.pin_memory(), plan_w.pin_memory()) if pin_memory else (plan_c, plan_w)
-    # Both counts are at most num_tokens (= sum(extend_lens)): one pass, no counting call.
+    # Both counts are at most sum(extend_lens) <= num_tokens rows: one pass, no counting call.
     plan_c = _host_rows(num_tokens, PLAN_ROW_BYTES, pin_memory)
     plan_w = _host_rows(num_tokens, write_row_bytes, pin_memory)
     num_c, num_w = module.prefill_stage0(plan_c, plan_w, *native_args, pad)
@@ -127,8 +127,9 @@ def prefill_stage0(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage-0 rows of a regular prefill plan from CPU lengths: ``(plan_c [nc, 16], plan_w [nw, 8])``.
 
-    The bytes of ``torch_backend.plans.prefill_stage0``; ``num_tokens = sum(extend_lens)``.
-    ``pad``: both lists have ``num_tokens`` rows, the rows past the counts sentinels.
+    The bytes of ``torch_backend.plans.prefill_stage0``; ``num_tokens >= sum(extend_lens)`` (the API
+    passes the sum itself). ``pad``: both lists have ``num_tokens`` rows, the rows past the counts
+    sentinels.
     ``pin_memory``: the tensors are (views of) pinned host memory, for an async H2D copy.
     """
     return _stage0(

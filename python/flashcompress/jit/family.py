@@ -15,10 +15,12 @@ launch.  Op modules register their family at import time::
 plain ``VariantKey``.  A ``host_only`` family compiles C++ for the host alone (binding
 TUs, no ``.cu``, no GPU runtime; e.g. the native prefill planner): its keys always
 carry ``host_target()``, whatever target is asked for, so a prewarm for several GPU
-archs builds it once and a machine without CUDA can build it.  Families are found by importing every module under
-``flashcompress.cuda_ops`` (and the engine's test family
-``flashcompress.testing.selftest``); a family without a ``space`` (selftest) takes
-any int/str/bool values its ``validate`` accepts and is not part of ``prewarm --all``.
+archs builds it once and a machine without CUDA can build it.
+
+Families are found by importing every module under ``flashcompress.cuda_ops`` (and
+the engine's test family ``flashcompress.testing.selftest``); a family without a
+``space`` (selftest) takes any int/str/bool values its ``validate`` accepts and is not
+part of ``prewarm --all``.
 """
 
 from __future__ import annotations

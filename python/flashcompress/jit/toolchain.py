@@ -214,8 +214,8 @@ def get_toolchain(backend: str, cache_root: Path | None) -> Toolchain:
     root, device, probe_env = (None, None, None) if backend == "host" else _device_compiler(backend)
     missing: list[tuple[str, str]] = []
     device_version = host_version = ""
-    if device is None:
-        pass  # host-only modules: the host compiler is all they need
+    if device is None:  # the host backend: the host compiler is all it needs
+        pass
     elif not device.exists():
         var = "CUDA_HOME" if backend == "cuda" else "ROCM_PATH"
         missing.append((device.name, f"not found at {device}; set {var} to the toolkit root"))
