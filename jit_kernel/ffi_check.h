@@ -173,9 +173,8 @@ inline void check_tensor(const TensorView& t, const char* name, DLDataType dtype
 // GPU runtime errors and the current device
 // ------------------------------------------------------------------------------------------
 
-#if FC_HOST_ONLY
-// no GPU runtime in host-only modules
-#elif FC_GPU_HIP
+#if !FC_HOST_ONLY  // host-only modules have no GPU runtime
+#if FC_GPU_HIP
 #define FC_CHECK_GPU_ERROR(stmt)                                                           \
   do {                                                                                     \
     const ::flashcompress::gpuError_t fc_gpu_err_ = (stmt);                                \
@@ -212,7 +211,8 @@ class GpuDeviceGuard {
 #else
 #define FC_CHECK_GPU_ERROR(stmt) TVM_FFI_CHECK_CUDA_ERROR(stmt)
 using GpuDeviceGuard = ::tvm::ffi::CUDADeviceGuard;
-#endif
+#endif  // FC_GPU_HIP
+#endif  // !FC_HOST_ONLY
 
 }  // namespace ffi_check
 }  // namespace flashcompress
