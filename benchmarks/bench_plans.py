@@ -1,4 +1,15 @@
-"""Plan-builder benchmark (GPU): decode B = 1 / 128 / 1024 and 32k-token prefills.
+"""Plan-builder benchmark: host stage 0 (any machine), then GPU decode B = 1 / 128 / 1024 and
+32k-token prefills.
+
+Host table (runs on the CPU; ``--device cpu`` prints only this one): stage 0 of a prefill plan
+from host lengths (an engine's eager prefill) for 8192 tokens / 4 requests and 32768 / 8, per
+addressing mode: ``torch s0 us`` the PyTorch stage 0 (``torch_backend.plans``), ``native s0 us``
+the native host planner (``cuda_ops.plan_host``, C++ built by the JIT engine, rows written
+straight into fresh host tensors), and the whole ``generate`` / ``generate_online`` wall clock
+with every tensor on the CPU with either stage 0 (``FLASHCOMPRESS_BACKEND=torch`` selects the
+PyTorch one). Medians of ``--iters`` calls; the bytes of both stage-0 paths are compared.
+
+GPU table:
 
 For each case and addressing mode it prints
 
@@ -12,9 +23,9 @@ For each case and addressing mode it prints
 
 Paths: ``decode`` (one thread per request), ``prefill device`` (lengths on the GPU,
 the CUDA-graph path: scan kernel + row kernel, no host sync), ``prefill host-stage0``
-(lengths on the CPU: stage 0 in PyTorch on the host, pinned async H2D copy, stage-1
-kernel; its ``gpu us`` is the stage-1 kernel alone, replayed over pristine stage-0 rows
-restored by a device copy that is timed separately and subtracted).
+(lengths on the CPU: stage 0 by the native host planner into pinned memory, async H2D copy,
+stage-1 kernel; its ``gpu us`` is the stage-1 kernel alone, replayed over pristine stage-0
+rows restored by a device copy that is timed separately and subtracted).
 
 Byte model: the planners are latency-bound.  A decode row reads ~40 B (ids, lengths,
 two table lookups per position for paged C4) and writes 16 B; a prefill token reads its
@@ -22,24 +33,28 @@ request's lengths (binary search over B+1 offsets) and writes at most 24 B.  Eve
 32k-token prefill moves < 2 MB, i.e. well under a microsecond of H200 bandwidth, so the
 numbers below are launch + dependency latency, not bandwidth.
 
-Usage: ``python benchmarks/bench_plans.py [--iters 200] [--rotate 4] [--no-check]``.
+Usage: ``python benchmarks/bench_plans.py [--device cuda|cpu] [--iters 200] [--rotate 4] [--no-check]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import random
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from flashcompress import CompressorDecodePlan, CompressorPrefillPlan  # noqa: E402
+from flashcompress.cuda_ops import plan_host  # noqa: E402
 from flashcompress.cuda_ops import plans as pb  # noqa: E402
+from flashcompress.jit.settings import reload_settings  # noqa: E402
 from flashcompress.torch_backend import plans as tp  # noqa: E402
 
 PAGE = 256
@@ -239,14 +254,91 @@ def bench_prefill(world, kind: str, args, rng: random.Random) -> None:
                time_eager(host_api, max(20, args.iters // 10)), None)
 
 
+# ----------------------------------------------------------------------------- host stage 0
+
+HOST_CASES = ((8192, 4), (32768, 8))  # (tokens, requests): chunks of tokens / requests each
+HOST_MODES = ("c4-paged-r8", "c128-r128", "c128-online")
+
+
+def median_us(call: Callable[[], object], iters: int) -> float:
+    """Median wall microseconds of one call (after one warm call)."""
+    call()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
+@contextlib.contextmanager
+def torch_stage0() -> Iterator[None]:
+    """``FLASHCOMPRESS_BACKEND=torch`` (the PyTorch stage 0) inside the block; settings restored after."""
+    before = os.environ.get("FLASHCOMPRESS_BACKEND")
+    os.environ["FLASHCOMPRESS_BACKEND"] = "torch"
+    reload_settings()
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["FLASHCOMPRESS_BACKEND"]
+        else:
+            os.environ["FLASHCOMPRESS_BACKEND"] = before
+        reload_settings()
+
+
+def bench_host(args) -> None:
+    """Stage 0 from host lengths, PyTorch vs native, and ``generate`` with CPU tensors (see the docstring)."""
+    rng = random.Random(3)
+    r2t, f2s = make_world(slots=64, max_ctx=16384, seed=3, device=torch.device("cpu"))
+    print(f"{'case':<18} {'mode':<13} {'torch s0 us':>11} {'native s0 us':>12} {'x':>6} "
+          f"{'api torch-s0 us':>15} {'api native us':>13}")
+    print("-" * 94)
+    for tokens, batch in HOST_CASES:
+        rids = torch.tensor(rng.sample(range(1, r2t.shape[0]), batch))
+        ext = torch.full((batch,), tokens // batch)
+        seq = ext + torch.tensor([rng.randrange(0, r2t.shape[1] - tokens // batch) for _ in range(batch)])
+        for mode in HOST_MODES:
+            ratio, ring, req_ring, online = MODES[mode]
+            if online:
+                ref = lambda: tp.online_prefill_stage0(seq, ext)  # noqa: E731
+                nat = lambda: plan_host.online_prefill_stage0(seq, ext, tokens)  # noqa: E731
+                api = lambda: CompressorPrefillPlan.generate_online(seq, ext, rids, r2t, tokens)  # noqa: E731
+            else:
+                ref = lambda: tp.prefill_stage0(ratio, seq, ext, PAGE, ring, req_ring)  # noqa: E731
+                nat = lambda: plan_host.prefill_stage0(ratio, seq, ext, PAGE, ring, req_ring, tokens)  # noqa: E731
+                api = lambda: CompressorPrefillPlan.generate(ratio, rids, seq, ext, r2t, f2s, PAGE, ring,  # noqa: E731
+                                                              tokens, False, req_ring)
+            if args.check:
+                for name, got, want in zip(("plan_c", "plan_w"), nat(), ref()):
+                    check(f"host stage 0 {tokens}/{batch} {mode} {name}", got, want)
+            if plan_host.native_planner(ratio, online) is None:
+                raise SystemExit("the native host planner is unavailable here (see the warning above)")
+            torch_us, native_us = median_us(ref, args.iters), median_us(nat, args.iters)
+            api_iters = max(5, args.iters // 4)
+            with torch_stage0():
+                api_torch = median_us(api, api_iters)
+            api_native = median_us(api, api_iters)
+            print(f"{f'{tokens} tok / {batch} req':<18} {mode:<13} {torch_us:11.1f} {native_us:12.1f} "
+                  f"{torch_us / native_us:6.1f} {api_torch:15.1f} {api_native:13.1f}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=200, help="graph replays / eager calls per measurement")
     parser.add_argument("--rotate", type=int, default=4, help="distinct input sets cycled through")
     parser.add_argument("--no-check", dest="check", action="store_false", help="skip the byte check vs PyTorch")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: only the host stage-0 table (no GPU needed)")
     args = parser.parse_args()
+    print(f"# host stage 0: torch {torch.__version__}, {os.cpu_count()} CPU(s), {torch.get_num_threads()} "
+          f"torch thread(s); iters={args.iters}")
+    bench_host(args)
+    if args.device == "cpu":
+        return
     if not torch.cuda.is_available():
-        raise SystemExit("bench_plans.py needs a CUDA GPU")
+        raise SystemExit("the GPU tables need a CUDA GPU (--device cpu prints the host table alone)")
     dev = torch.device("cuda")
     rng = random.Random(0)
     print(f"# {torch.cuda.get_device_name(dev)}, torch {torch.__version__}; iters={args.iters} rotate={args.rotate}")

@@ -16,18 +16,26 @@
 // On CUDA these are tvm-ffi's TVM_FFI_CHECK_CUDA_ERROR and tvm::ffi::CUDADeviceGuard
 // themselves; on HIP (tvm-ffi has no HIP counterparts) they are the same code over the HIP
 // runtime.
+//
+// Host-only modules (compiled with -DFC_HOST_ONLY=1, jit/flags.py) get the tensor checks
+// alone: no GPU runtime header is included, so they build without any GPU toolkit.
 #pragma once
 
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/dtype.h>
 #include <tvm/ffi/error.h>
 
-#include "gpu_runtime.h"
+#ifndef FC_HOST_ONLY
+#define FC_HOST_ONLY 0
+#endif
 
+#if !FC_HOST_ONLY
+#include "gpu_runtime.h"
 #if !FC_GPU_HIP
 #include <tvm/ffi/extra/cuda/base.h>
 #include <tvm/ffi/extra/cuda/device_guard.h>
 #endif
+#endif  // !FC_HOST_ONLY
 
 #include <cstdint>
 #include <initializer_list>
@@ -165,6 +173,7 @@ inline void check_tensor(const TensorView& t, const char* name, DLDataType dtype
 // GPU runtime errors and the current device
 // ------------------------------------------------------------------------------------------
 
+#if !FC_HOST_ONLY  // host-only modules have no GPU runtime
 #if FC_GPU_HIP
 #define FC_CHECK_GPU_ERROR(stmt)                                                           \
   do {                                                                                     \
@@ -202,7 +211,8 @@ class GpuDeviceGuard {
 #else
 #define FC_CHECK_GPU_ERROR(stmt) TVM_FFI_CHECK_CUDA_ERROR(stmt)
 using GpuDeviceGuard = ::tvm::ffi::CUDADeviceGuard;
-#endif
+#endif  // FC_GPU_HIP
+#endif  // !FC_HOST_ONLY
 
 }  // namespace ffi_check
 }  // namespace flashcompress

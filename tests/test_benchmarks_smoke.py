@@ -26,6 +26,7 @@ SCRIPTS = {
     "store": (["--md", "{md}"], ["c4-512 v4@64", "c4-128 fp8@64", "c4-128 fp4@64", "c128-512 v4@2"]),
     "pipeline": (["--md", "{md}"], ["c4-512 v4@64", "c4-128 fp8@64", "c128-512 v4@2", "c128-online v4@2"]),
     "host_overhead": (["--iters", "5", "--batch", "8"], []),
+    "plans": (["--iters", "3"], []),
 }
 
 
@@ -111,6 +112,20 @@ def test_host_overhead_prints_both_modes(runs):
     for op in ("compress_forward", "compress_norm_rope_store", "compress_and_store"):
         modes = [r for r in rows if r.startswith(op + " ")]
         assert any("stub:" in r for r in modes) and any("full:" in r for r in modes), rows
+
+
+def test_plans_prints_the_host_stage0_table(runs):
+    """``bench_plans.py --device cpu``: one row per (size, mode), both stage-0 paths timed and byte-checked."""
+    proc, _ = runs["plans"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    head, rows = _table(proc.stdout, "case")
+    for col in ("torch s0 us", "native s0 us", "api torch-s0 us", "api native us"):
+        assert col in head, f"column {col!r} missing from {head!r}"
+    for size in ("8192 tok / 4 req", "32768 tok / 8 req"):
+        modes = [r.split()[5] for r in rows if r.startswith(size)]
+        assert modes == ["c4-paged-r8", "c128-r128", "c128-online"], rows
+    for row in rows:
+        assert all(float(x) > 0 for x in row.split()[6:]), row
 
 
 def test_byte_model_matches_the_issue_sizes():

@@ -127,8 +127,10 @@ def test_prewarm_dry_run_model_flash_lists_plan_variants(private_env: dict[str, 
         pytest.skip(reason)
     proc = cli_subprocess(private_env, "prewarm", "--dry-run", "--model", "deepseek-v4-flash")
     assert proc.returncode == 0, proc.stderr
-    lines = [line for line in proc.stdout.splitlines() if "@ cuda:" in line]
+    lines = [line for line in proc.stdout.splitlines() if "@ cuda:" in line or "@ host:" in line]
     assert [line.split("  ")[0].strip() for line in lines if line.startswith("plan(")] == PLAN_FLASH
+    host = [line.split("  ")[0].strip() for line in lines if line.startswith("plan_host(")]
+    assert [h.split(" @ ")[0] for h in host] == [p.split(" @ ")[0].replace("plan(", "plan_host(") for p in PLAN_FLASH]
     assert all("to build" in line for line in lines)
     assert f"{len(lines)} variant(s); nothing compiled" in proc.stdout  # other families' presets too
     root = Path(private_env["FLASHCOMPRESS_CACHE_DIR"])

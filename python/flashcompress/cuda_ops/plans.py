@@ -54,9 +54,7 @@ import torch
 
 from ..jit.family import Family, register_family
 from ..jit.models import model_config
-from ..layouts import INVALID_COMPRESS_ROW, INVALID_WRITE_ROW, PLAN_ROW_BYTES, WRITE_ROW_BYTES
-from ..torch_backend import plans as torch_plans
-from ..torch_backend.rows import pad_rows
+from ..layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..jit.variant import VariantKey
@@ -340,9 +338,14 @@ def layout_info(ratio: int = 4, online: bool = False, *, module: Any = None) -> 
     return json.loads(str(mod.layout_info()))
 
 
-def _to_device_pinned(rows: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Host rows -> ``device`` through pinned memory, asynchronously on the current stream."""
-    return rows.pin_memory().to(device, non_blocking=True)
+def _upload(host_rows: torch.Tensor, device: torch.device, rows: int | None) -> torch.Tensor:
+    """Pinned host rows -> a new ``device`` tensor of ``rows`` rows (default: as many as the host has),
+    asynchronously on the current stream; rows past the host rows are left for stage 1 to fill."""
+    if rows is None:
+        return host_rows.to(device, non_blocking=True)
+    out = torch.empty((rows, host_rows.shape[1]), dtype=torch.uint8, device=device)
+    out[: host_rows.shape[0]].copy_(host_rows, non_blocking=True)
+    return out
 
 
 def prefill_plan(
@@ -361,20 +364,23 @@ def prefill_plan(
     """Final CompressPlan / WritePlan rows, as ``torch_backend.plans.prefill_plan``.
 
     Lengths on the GPU: the device planner (no host sync; both lists ``[num_q_tokens]``, the
-    caller passes ``use_cuda_graph=True``). Lengths on the CPU: stage 0 on the host (exact
-    counts, padded to ``num_q_tokens`` with ``use_cuda_graph``), async H2D copy, stage-1 kernel.
+    caller passes ``use_cuda_graph=True``). Lengths on the CPU: stage 0 on the host by the native
+    host planner (``plan_host``; exact counts, into pinned memory), async H2D copy of the real
+    rows, stage-1 kernel (which also writes the sentinel rows up to ``num_q_tokens`` with
+    ``use_cuda_graph``).
     """
     if seq_lens.device.type != "cpu":
         return prefill_plan_device(ratio, req_pool_indices, seq_lens, extend_lens, req_to_token, full_to_state,
                                    swa_page_size, ring_size, num_q_tokens, use_req_ring)
+    from . import plan_host
+
     device = req_pool_indices.device
-    plan_c, plan_w = torch_plans.prefill_stage0(ratio, seq_lens, extend_lens, swa_page_size, ring_size, use_req_ring)
-    if use_cuda_graph:
-        plan_c = pad_rows(plan_c, num_q_tokens, INVALID_COMPRESS_ROW)
-        plan_w = pad_rows(plan_w, num_q_tokens, INVALID_WRITE_ROW)
-    plan_c, plan_w = _to_device_pinned(plan_c, device), _to_device_pinned(plan_w, device)
-    return prefill_stage1(ratio, plan_c, plan_w, req_pool_indices, req_to_token, full_to_state,
-                          swa_page_size, ring_size, use_req_ring)
+    host_c, host_w = plan_host.prefill_stage0(ratio, seq_lens, extend_lens, swa_page_size, ring_size, use_req_ring,
+                                              num_q_tokens, pin_memory=True)
+    rows = num_q_tokens if use_cuda_graph else None
+    return prefill_stage1(ratio, _upload(host_c, device, rows), _upload(host_w, device, rows), req_pool_indices,
+                          req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring,
+                          num_c=host_c.shape[0], num_w=host_w.shape[0])
 
 
 def online_prefill_plan(
@@ -386,12 +392,15 @@ def online_prefill_plan(
     state_slot_offset: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Online prefill lists, as ``torch_backend.plans.online_prefill_plan``: segments cut on the
-    CPU (host lengths), async H2D copy, one stage-1 launch over both lists."""
+    CPU by the native host planner (host lengths; pinned memory), async H2D copy, one stage-1
+    launch over both lists (sentinel rows up to ``num_q_tokens`` with ``use_cuda_graph``)."""
+    from . import plan_host
+
     device = req_pool_indices.device
-    plan_c, plan_w = torch_plans.online_prefill_stage0(seq_lens.cpu(), extend_lens.cpu())
-    if use_cuda_graph:
-        plan_c = pad_rows(plan_c, num_q_tokens, INVALID_COMPRESS_ROW)
-        plan_w = pad_rows(plan_w, num_q_tokens, INVALID_COMPRESS_ROW)
-    plan_c, plan_w = _to_device_pinned(plan_c, device), _to_device_pinned(plan_w, device)
-    online_prefill_stage1_both(plan_c, plan_w, req_pool_indices, state_slot_offset)
+    host_c, host_w = plan_host.online_prefill_stage0(seq_lens.cpu(), extend_lens.cpu(), num_q_tokens,
+                                                     pin_memory=True)
+    rows = num_q_tokens if use_cuda_graph else None
+    plan_c, plan_w = _upload(host_c, device, rows), _upload(host_w, device, rows)
+    online_prefill_stage1_both(plan_c, plan_w, req_pool_indices, state_slot_offset,
+                               num_c=host_c.shape[0], num_w=host_w.shape[0])
     return plan_c, plan_w

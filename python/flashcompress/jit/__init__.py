@@ -11,6 +11,7 @@ Public API::
     get_settings(), reload_settings()          effective settings (README: Settings)
     JitError, BuildError, OfflineCacheMiss, ToolchainMissing, CacheNotWritable, CaptureBuildError,
     LockTimeout, UnknownFamily, CacheCorruptionWarning      what can go wrong
+    HostPlannerFallbackWarning                 the native host planner fell back to PyTorch
 
 Importing this package is cheap: no torch, tvm-ffi, Jinja2 or filelock import, no
 CUDA initialisation and no compilation.  ``load``/``get_module``/``acquire`` and
@@ -21,8 +22,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import (BuildError, CacheCorruptionWarning, CacheNotWritable, CaptureBuildError, JitError, LockTimeout,
-                     OfflineCacheMiss, ToolchainMissing, UnknownFamily)
+from .errors import (BuildError, CacheCorruptionWarning, CacheNotWritable, CaptureBuildError,
+                     HostPlannerFallbackWarning, JitError, LockTimeout, OfflineCacheMiss, ToolchainMissing,
+                     UnknownFamily)
 from .family import Family, get_family, make_key, register_family
 from .models import MODELS, ModelConfig, model_config
 from .settings import debug_checks_enabled, get_settings, jit_enabled_for, reload_settings
@@ -32,10 +34,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from .engine import Acquired, acquire, clear_memo, get_module, load
 
 __all__ = ["Acquired", "BuildError", "CacheCorruptionWarning", "CacheNotWritable", "CaptureBuildError", "Family",
-           "JitError", "LockTimeout", "MODELS", "ModelConfig", "OfflineCacheMiss", "ToolchainMissing",
-           "UnknownFamily", "VariantKey", "acquire", "clear_memo", "debug_checks_enabled", "detect_target",
-           "get_family", "get_module", "get_settings", "jit_enabled_for", "load", "make_key", "model_config",
-           "register_family", "reload_settings"]
+           "HostPlannerFallbackWarning", "JitError", "LockTimeout", "MODELS", "ModelConfig", "OfflineCacheMiss",
+           "ToolchainMissing", "UnknownFamily", "VariantKey", "acquire", "clear_memo", "debug_checks_enabled",
+           "detect_target", "get_family", "get_module", "get_settings", "jit_enabled_for", "load", "make_key",
+           "model_config", "register_family", "reload_settings"]
 
 _ENGINE_NAMES = frozenset({"Acquired", "acquire", "clear_memo", "get_module", "load"})
 

@@ -9,6 +9,10 @@ variant:
   binding TUs (``*.cpp``)  host compiler with tvm-ffi + CUDA/HIP runtime headers
   link                     host compiler, ``-shared``, ``-ltvm_ffi -lcudart``
 
+Host-only families (target ``host:<machine>``) have binding TUs only and link against tvm-ffi
+alone: no device compiler, GPU headers or runtime library (the same as ``tvm_ffi.cpp.build``
+with ``cpp_files`` only).
+
 The translation units compile in parallel, each holding one slot of a
 process-wide semaphore (``set_parallelism``), so a prewarm of many variants
 never runs more than ``jobs`` compiler processes.  Compilers run with the
@@ -71,8 +75,9 @@ def plan_steps(
 ) -> list[list[Step]]:
     """Stages of steps: all compiles (parallel), then the link."""
     flags = _flags.logical_flags(family, key)
+    gpu = key.backend != "host"  # host-only modules: no GPU runtime headers or library
     includes = [f"-I{include_dir}"]
-    runtime_inc = [f"-I{toolchain.include_dir}"]
+    runtime_inc = [f"-I{toolchain.include_dir}"] if gpu else []
     tvm_inc = [f"-I{d}" for d in tvm.include_dirs]
     device_env = {"HIP_PLATFORM": "amd"} if key.backend == "hip" else {}
     compiles: list[Step] = []
@@ -80,6 +85,7 @@ def plan_steps(
     for name in source_names:
         stem = name.rsplit(".", 1)[0]
         if name.endswith(_KERNEL_SUFFIXES):
+            assert gpu, f"{family.name}: a host-only family cannot compile {name}"
             obj = f"{stem}.cu.o"
             lang = ["-x", "hip"] if key.backend == "hip" else []
             argv = [str(toolchain.device_compiler), *flags["device"], *includes, *runtime_inc,
@@ -96,8 +102,9 @@ def plan_steps(
             continue  # rendered headers are included, not compiled
         objects.append(obj)
     link = [str(toolchain.host_compiler), *objects, "-o", module_file, *flags["link"],
-            f"-L{tvm.lib_dir}", f"-l{tvm.lib_name}",
-            f"-L{toolchain.lib_dir}", f"-l{toolchain.runtime_lib}", f"-Wl,-rpath,{toolchain.lib_dir}"]
+            f"-L{tvm.lib_dir}", f"-l{tvm.lib_name}"]
+    if gpu:
+        link += [f"-L{toolchain.lib_dir}", f"-l{toolchain.runtime_lib}", f"-Wl,-rpath,{toolchain.lib_dir}"]
     return [compiles, [Step("link", tuple(link))]]
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-__all__ = ["BuildError", "CacheCorruptionWarning", "CacheNotWritable", "CaptureBuildError", "JitError",
-           "LockTimeout", "OfflineCacheMiss", "ToolchainMissing", "UnknownFamily"]
+__all__ = ["BuildError", "CacheCorruptionWarning", "CacheNotWritable", "CaptureBuildError",
+           "HostPlannerFallbackWarning", "JitError", "LockTimeout", "OfflineCacheMiss", "ToolchainMissing",
+           "UnknownFamily"]
 
 
 class JitError(RuntimeError):
@@ -55,7 +56,8 @@ class ToolchainMissing(OfflineCacheMiss):
         self.missing = list(missing)
         self.compilers = [name for name, _ in self.missing]
         self.problem = problem
-        kit = "the CUDA toolkit" if backend == "cuda" else "ROCm"
+        kit = {"cuda": "the CUDA toolkit and a C++ compiler", "hip": "ROCm and a C++ compiler",
+               "host": "a C++ compiler"}.get(backend, backend)
         what = " and ".join(f"`{name}`" for name in self.compilers) or "a compiler"
         details = "\n".join(f"    {name}: {why}" for name, why in self.missing)
         found = (f"the cached entry is unusable ({problem})" if problem
@@ -64,7 +66,7 @@ class ToolchainMissing(OfflineCacheMiss):
             self,
             f"JIT variant {variant} is not in the cache ({found}) and cannot be compiled here: no compiler was "
             f"found ({what} missing{'; FLASHCOMPRESS_OFFLINE=1 is set as well' if offline else ''}):\n{details}\n"
-            f"Either prewarm the cache on a machine with {kit} and a C++ compiler (same cache_dir, then ship "
+            f"Either prewarm the cache on a machine with {kit} (same cache_dir, then ship "
             f"or mount it here):\n    {command}\n"
             f"or use the PyTorch backend instead of JIT kernels: FLASHCOMPRESS_BACKEND=torch"
         )
@@ -134,3 +136,9 @@ class BuildError(JitError):
 class CacheCorruptionWarning(RuntimeWarning):
     """A cached library failed to load or did not match its manifest (size, sha256, exports);
     it is removed and rebuilt (or, where nothing can be built, removed and reported)."""
+
+
+class HostPlannerFallbackWarning(UserWarning):
+    """The native host planner (``plan_host``) could not be loaded or built, so prefill stage 0 from
+    host lengths runs in PyTorch: the same bytes, more host time.  Issued once per variant and
+    process; ``FLASHCOMPRESS_BACKEND=torch`` chooses the PyTorch stage 0 without it."""

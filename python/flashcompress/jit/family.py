@@ -12,10 +12,15 @@ launch.  Op modules register their family at import time::
     )
 
 ``family.key(target, **params)`` validates the parameters once and returns the
-plain ``VariantKey``.  Families are found by importing every module under
-``flashcompress.cuda_ops`` (and the engine's test family
-``flashcompress.testing.selftest``); a family without a ``space`` (selftest) takes
-any int/str/bool values its ``validate`` accepts and is not part of ``prewarm --all``.
+plain ``VariantKey``.  A ``host_only`` family compiles C++ for the host alone (binding
+TUs, no ``.cu``, no GPU runtime; e.g. the native prefill planner): its keys always
+carry ``host_target()``, whatever target is asked for, so a prewarm for several GPU
+archs builds it once and a machine without CUDA can build it.
+
+Families are found by importing every module under ``flashcompress.cuda_ops`` (and
+the engine's test family ``flashcompress.testing.selftest``); a family without a
+``space`` (selftest) takes any int/str/bool values its ``validate`` accepts and is not
+part of ``prewarm --all``.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Union
 
 from .errors import UnknownFamily
 from .models import model_config
-from .variant import ParamValue, VariantKey, detect_target, normalize_target
+from .variant import ParamValue, VariantKey, detect_target, host_target, normalize_target
 
 __all__ = ["Family", "discover_families", "families", "get_family", "make_key", "module_memo", "parse_spec",
            "register_family"]
@@ -54,6 +59,7 @@ class Family:
     enumerates it.  ``validate(params)`` (attached by ``register_family``) adds the
     constraints ``space`` cannot express.  ``warmup(key)`` launches a loaded variant once on
     the current GPU (prewarm calls it so that nothing is first-loaded during graph capture).
+    ``host_only``: host C++ only (see the module docstring).
     """
 
     name: str
@@ -65,6 +71,7 @@ class Family:
     warmup: Callable[[VariantKey], None] | None = field(default=None, compare=False)
     validate: Callable[[Mapping[str, Any]], None] | None = field(default=None, compare=False)
     presets: Presets | None = field(default=None, compare=False)
+    host_only: bool = False
 
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
@@ -78,6 +85,8 @@ class Family:
             raise ValueError(f"family {self.name!r}: rendered names {outputs} need a translation unit, no duplicates")
         if any("/" in o or not o.endswith(_SOURCE_SUFFIXES) for o in outputs):
             raise ValueError(f"family {self.name!r}: rendered names must be plain files ending in {_SOURCE_SUFFIXES}")
+        if self.host_only and (self.cuda_flags or any(o.endswith(".cu") for o in outputs)):
+            raise ValueError(f"family {self.name!r}: a host-only family has no .cu sources and no cuda_flags")
         if self.space is not None:
             items = self.space.items() if isinstance(self.space, Mapping) else self.space
             space = tuple((str(k), tuple(v)) for k, v in items)
@@ -110,10 +119,14 @@ class Family:
             self.validate(params)
 
     def key(self, target: str | None = None, **params: ParamValue) -> VariantKey:
-        """The validated key of one variant; ``target=None`` uses ``detect_target()``."""
+        """The validated key of one variant; ``target=None`` uses ``detect_target()`` (host-only
+        families: always ``host_target()``)."""
         self.check_params(params)
         order = [n for n, _ in self.space] if self.space is not None else sorted(params)
-        resolved = detect_target() if target is None else normalize_target(target)
+        if self.host_only:
+            resolved = host_target()
+        else:
+            resolved = detect_target() if target is None else normalize_target(target)
         return VariantKey(self.name, tuple((n, params[n]) for n in order), resolved)
 
     def expand(self, partial: Mapping[str, ParamValue] | None = None) -> list[dict[str, ParamValue]]:

@@ -13,7 +13,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .family import Family
     from .variant import VariantKey
 
-__all__ = ["BASE_CUDA_FLAGS", "BASE_CXX_FLAGS", "BASE_HIP_FLAGS", "BASE_LD_FLAGS", "logical_flags", "target_flags"]
+__all__ = ["BASE_CUDA_FLAGS", "BASE_CXX_FLAGS", "BASE_HIP_FLAGS", "BASE_LD_FLAGS", "HOST_ONLY_CXX_FLAGS",
+           "logical_flags", "target_flags"]
 
 # Device flags.  ptxas optimises device code at -O3 by default; -O2 is the host side.
 BASE_CUDA_FLAGS: tuple[str, ...] = (
@@ -38,8 +39,16 @@ def target_flags(target: str) -> tuple[str, ...]:
     return (f"--offload-arch={arch}",)
 
 
+# Host-only families (``Family.host_only``, target ``host:<machine>``): no device compiler; the
+# macro lets shared headers (ffi_check.h) leave out the GPU runtime.
+HOST_ONLY_CXX_FLAGS: tuple[str, ...] = ("-DFC_HOST_ONLY=1",)
+
+
 def logical_flags(family: "Family", key: "VariantKey") -> dict[str, list[str]]:
     """Every flag that shapes the binary, without machine-specific paths (hashed into the key)."""
+    if key.backend == "host":
+        return {"device": [], "host": [*BASE_CXX_FLAGS, *HOST_ONLY_CXX_FLAGS, *family.cxx_flags],
+                "link": list(BASE_LD_FLAGS)}
     device = BASE_CUDA_FLAGS if key.backend == "cuda" else BASE_HIP_FLAGS
     return {
         "device": [*device, *target_flags(key.target), *family.cuda_flags],

@@ -137,8 +137,10 @@ SCHEMA: tuple[Setting, ...] = (
             "(the new build replaces the old entry)."),
     Setting("verbose", "bool", "Log cache hits, misses and every compiler command with its output to "
             "stderr (logger `flashcompress.jit`)."),
-    Setting("backend", "choice", "`auto`: JIT kernels for CUDA tensors, PyTorch for CPU tensors. `torch`: "
-            "the PyTorch backend even for CUDA tensors. `jit` is accepted as a synonym of `auto`.",
+    Setting("backend", "choice", "`auto`: JIT kernels for CUDA tensors, PyTorch for CPU tensors; prefill stage 0 "
+            "from host lengths runs in the native host planner (`plan_host`) on either. `torch`: the PyTorch "
+            "backend even for CUDA tensors, and the PyTorch prefill stage 0. `jit` is accepted as a synonym of "
+            "`auto`.",
             ("auto", "torch", "jit")),
     Setting("debug", "bool", "Enable expensive data-dependent checks (they synchronise with the GPU)."),
 )

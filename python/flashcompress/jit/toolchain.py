@@ -1,5 +1,9 @@
 """Toolchain discovery and fingerprinting: device compiler, host compiler, tvm-ffi.
 
+Backends: ``cuda`` and ``hip`` need their device compiler and the host compiler;
+``host`` (host-only families, e.g. the native prefill planner) needs the host
+compiler alone and works on a machine without any GPU toolkit.
+
 The cache key includes the ``--version`` output of the device compiler (nvcc or
 hipcc) and of the host compiler.  When either cannot be found or probed,
 ``get_toolchain`` raises ``ToolchainUnavailable`` (a ``FileNotFoundError``) naming
@@ -81,21 +85,23 @@ def tvm_ffi_info() -> TvmFfiInfo:
 class Toolchain:
     """Compilers and library roots used to build variants of one backend."""
 
-    backend: str  # "cuda" | "hip"
-    root: Path  # CUDA_HOME or ROCm root (as configured, symlinks kept for rpaths)
-    device_compiler: Path  # nvcc / hipcc
+    backend: str  # "cuda" | "hip" | "host"
+    root: Path | None  # CUDA_HOME or ROCm root (as configured, symlinks kept for rpaths); None for "host"
+    device_compiler: Path | None  # nvcc / hipcc; None for "host"
     host_compiler: Path  # c++
     device_version: str
     host_version: str
 
     @property
     def include_dir(self) -> Path:
-        """Runtime headers (``cuda_runtime.h`` / ``hip/hip_runtime.h``)."""
+        """Runtime headers (``cuda_runtime.h`` / ``hip/hip_runtime.h``); GPU backends only."""
+        assert self.root is not None, "the host backend has no GPU runtime"
         return self.root / "include"
 
     @property
     def lib_dir(self) -> Path:
-        """Directory of the GPU runtime library."""
+        """Directory of the GPU runtime library; GPU backends only."""
+        assert self.root is not None, "the host backend has no GPU runtime"
         return self.root / ("lib64" if self.backend == "cuda" else "lib")
 
     @property
@@ -205,10 +211,12 @@ def get_toolchain(backend: str, cache_root: Path | None) -> Toolchain:
     if cached is not None:
         return cached
     probe_dir = cache_root / ".toolchain" if cache_root is not None else None
-    root, device, probe_env = _device_compiler(backend)
+    root, device, probe_env = (None, None, None) if backend == "host" else _device_compiler(backend)
     missing: list[tuple[str, str]] = []
     device_version = host_version = ""
-    if not device.exists():
+    if device is None:  # the host backend: the host compiler is all it needs
+        pass
+    elif not device.exists():
         var = "CUDA_HOME" if backend == "cuda" else "ROCM_PATH"
         missing.append((device.name, f"not found at {device}; set {var} to the toolkit root"))
     else:

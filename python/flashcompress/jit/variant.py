@@ -6,6 +6,7 @@ parameters (in the family's declared order) and the target (``"cuda:9.0a"``,
 which validates the parameters once; this module knows nothing about families.
 The key names the module (``fc_plan_online0_ratio4``, also the C++ namespace of
 the variant) and, with the digests computed by the engine, its cache directory.
+Host-only families (no GPU code) use the target ``host:<machine>`` (``host_target``).
 
 Targets are detected once per process: the configured override, else the
 current GPU (torch), else the first configured default arch.  The backend
@@ -14,14 +15,15 @@ current GPU (torch), else the first configured default arch.  The backend
 
 from __future__ import annotations
 
+import platform
 import re
 from dataclasses import dataclass
 from typing import Mapping, Union
 
 from .settings import get_settings, on_reload
 
-__all__ = ["ParamValue", "VariantKey", "detect_backend", "detect_target", "format_spec", "normalize_target",
-           "target_arch", "target_tag"]
+__all__ = ["ParamValue", "VariantKey", "detect_backend", "detect_target", "format_spec", "host_target",
+           "normalize_target", "target_arch", "target_tag"]
 
 ParamValue = Union[int, str, bool]
 
@@ -65,15 +67,23 @@ def normalize_target(target: str) -> str:
     raise ValueError(f"bad target {target!r}; expected a CUDA target, {CUDA_SPELLINGS}, or a HIP one, 'gfx942'")
 
 
+def host_target() -> str:
+    """The target of host-only families: ``host:<machine>`` (``host:x86_64``), whatever GPU is present."""
+    return f"host:{platform.machine().lower() or 'unknown'}"
+
+
 def target_arch(target: str) -> str:
-    """The arch as templates see it: ``"90a"`` for ``cuda:9.0a``, ``"gfx942"`` for ``hip:gfx942``."""
+    """The arch as templates see it: ``"90a"`` for ``cuda:9.0a``, ``"gfx942"`` for ``hip:gfx942``,
+    ``"x86_64"`` for ``host:x86_64``."""
     backend, arch = target.split(":", 1)
     return arch.replace(".", "") if backend == "cuda" else arch
 
 
 def target_tag(target: str) -> str:
-    """Directory name of a target in the cache: ``sm90a`` / ``gfx942``."""
+    """Directory name of a target in the cache: ``sm90a`` / ``gfx942`` / ``host-x86_64``."""
     backend, arch = target.split(":", 1)
+    if backend == "host":
+        return f"host-{arch}"
     return "sm" + arch.replace(".", "") if backend == "cuda" else arch.replace(":", "_")
 
 
@@ -150,7 +160,7 @@ class VariantKey:
 
     @property
     def backend(self) -> str:
-        """``"cuda"`` or ``"hip"``."""
+        """``"cuda"``, ``"hip"`` or ``"host"`` (host-only families)."""
         return self.target.split(":", 1)[0]
 
     @property

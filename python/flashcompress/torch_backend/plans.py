@@ -1,5 +1,10 @@
 """PyTorch plan builders: the reference for every plan byte (spec/compressor.md §2.3-§4).
 
+``prefill_plan`` / ``online_prefill_plan`` with host lengths take stage 0 from the native
+host planner (``cuda_ops.plan_host``, compiled C++, same bytes as ``prefill_stage0`` /
+``online_prefill_stage0`` here, which it falls back to); ``FLASHCOMPRESS_BACKEND=torch``
+keeps every byte in PyTorch.
+
 All functions are device-agnostic and vectorised over tokens; no per-token
 Python.  Arguments are assumed valid (``flashcompress.validation`` checks them
 before any builder runs).
@@ -214,13 +219,21 @@ def prefill_plan(
     """Final (stage 0 + stage 1) CompressPlan / WritePlan rows on ``req_pool_indices.device``.
 
     With ``use_cuda_graph`` both lists are padded with sentinel rows to ``num_q_tokens``.
+    Host lengths take stage 0 from the native host planner (``cuda_ops.plan_host``: the bytes
+    of ``prefill_stage0``, which it falls back to where it is unavailable).
     """
     device = req_pool_indices.device
-    plan_c, plan_w = prefill_stage0(ratio, seq_lens, extend_lens, swa_page_size, ring_size, use_req_ring)
+    if seq_lens.is_cpu:
+        from ..cuda_ops import plan_host
+
+        plan_c, plan_w = plan_host.prefill_stage0(ratio, seq_lens, extend_lens, swa_page_size, ring_size,
+                                                  use_req_ring, num_q_tokens, pad=use_cuda_graph)
+    else:
+        plan_c, plan_w = prefill_stage0(ratio, seq_lens, extend_lens, swa_page_size, ring_size, use_req_ring)
+        if use_cuda_graph:
+            plan_c = pad_rows(plan_c, num_q_tokens, INVALID_COMPRESS_ROW)
+            plan_w = pad_rows(plan_w, num_q_tokens, INVALID_WRITE_ROW)
     plan_c, plan_w = plan_c.to(device), plan_w.to(device)
-    if use_cuda_graph:
-        plan_c = pad_rows(plan_c, num_q_tokens, INVALID_COMPRESS_ROW)
-        plan_w = pad_rows(plan_w, num_q_tokens, INVALID_WRITE_ROW)
     return prefill_stage1(
         ratio, plan_c, plan_w, req_pool_indices, req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring
     )
@@ -271,13 +284,21 @@ def online_prefill_plan(
     use_cuda_graph: bool,
     state_slot_offset: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Final online prefill lists, both ``uint8 [rows, 16]``."""
+    """Final online prefill lists, both ``uint8 [rows, 16]``.
+
+    Host lengths take stage 0 from the native host planner, as in ``prefill_plan``.
+    """
     device = req_pool_indices.device
-    plan_c, plan_w = online_prefill_stage0(seq_lens, extend_lens)
+    if seq_lens.is_cpu:
+        from ..cuda_ops import plan_host
+
+        plan_c, plan_w = plan_host.online_prefill_stage0(seq_lens, extend_lens, num_q_tokens, pad=use_cuda_graph)
+    else:
+        plan_c, plan_w = online_prefill_stage0(seq_lens, extend_lens)
+        if use_cuda_graph:
+            plan_c = pad_rows(plan_c, num_q_tokens, INVALID_COMPRESS_ROW)
+            plan_w = pad_rows(plan_w, num_q_tokens, INVALID_COMPRESS_ROW)
     plan_c, plan_w = plan_c.to(device), plan_w.to(device)
-    if use_cuda_graph:
-        plan_c = pad_rows(plan_c, num_q_tokens, INVALID_COMPRESS_ROW)
-        plan_w = pad_rows(plan_w, num_q_tokens, INVALID_COMPRESS_ROW)
     return (
         online_prefill_stage1(plan_c, req_pool_indices, state_slot_offset),
         online_prefill_stage1(plan_w, req_pool_indices, state_slot_offset),

@@ -1,0 +1,172 @@
+// flashcompress: stage 0 of the prefill planners on the host (spec/compressor.md §4.2, §4.6).
+//
+// Plain C++17, no tvm-ffi and no GPU runtime: the `plan_host` family's binding
+// (plan_host_binding.h) checks the arguments and calls these functions; they assume valid
+// lengths (0 < extend_lens[b] <= seq_lens[b], sum(extend_lens) <= 65536).
+//
+// The rows are the bytes torch_backend.plans.prefill_stage0 / online_prefill_stage0 build (the
+// reference), in the same order: batch-major, then position-ascending. Request b covers the
+// positions [prefix, seq) with prefix = seq - extend, and its tokens take the ragged ids
+// [base, base + extend) where base is the sum of the earlier extends. Instead of testing every
+// token, each rule is walked in closed form: events every r positions, page tails per page, one
+// contiguous write tail, so a request costs O(rows it emits + pages it spans), without divisions
+// in the inner loops.
+//
+// Regular (ratio r = 4 or 128; window W = 2r for r = 4, else r):
+//   CompressPlan per event p (p + 1) % r == 0, j = p - prefix:
+//     {seq_len p + 1, ragged_id base + j, buffer_len W - min(j + 1, W), read_page_0 -1,
+//      read_page_1 b}                      (stage 1 turns the last two into state pages)
+//   WritePlan per kept position p: {ragged_id (base + j) | b << 16, write_loc p + 1}
+//     kept: p >= first_w = min(floor(seq / r) * r - (r == 4 ? 4 : 0), seq - mtp_write_pad)
+//     and, paged C4 (r = 4, SWA pages): p % swa_page_size >= swa_page_size - 4 as well
+// Online C128 (both lists in the CompressPlan layout):
+//   a segment ends at every 128-chunk end and at the request's last token; it covers
+//   [max(prefix, 128 * floor(p / 128)), p + 1). Chunk-closing segments go to the compress list,
+//   the trailing partial one (seq % 128 != 0) to the write list:
+//     {seq_len p + 1, ragged_id base + j, buffer_len segment length, read_page_0 b,
+//      read_page_1 -1}
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "plan.cuh"
+
+namespace flashcompress {
+namespace plan_host {
+
+inline constexpr int64_t kOnlineWindow = 128;
+
+// Per-batch lengths, as the caller passes them (host memory, int64).
+struct Lengths {
+  const int64_t* seq_lens;
+  const int64_t* extend_lens;
+  int64_t batch;
+};
+
+// Rows written into each list.
+struct Counts {
+  int64_t compress_rows;
+  int64_t write_rows;
+};
+
+// Why a batch cannot be planned (the binding turns this into the validation layer's message).
+struct LengthsCheck {
+  int64_t bad_request;   // first b with !(0 < extend <= seq), or -1
+  int64_t total_tokens;  // sum(extend_lens) when bad_request == -1
+};
+
+inline LengthsCheck check_lengths(const Lengths& len) {
+  int64_t total = 0;
+  for (int64_t b = 0; b < len.batch; ++b) {
+    const int64_t seq = len.seq_lens[b], ext = len.extend_lens[b];
+    if (ext <= 0 || ext > seq) return {b, 0};
+    total += ext;
+  }
+  return {-1, total};
+}
+
+inline CompressPlan compress_row(int64_t seq_len, int64_t ragged_id, int64_t buffer_len,
+                                 int64_t read_page_0, int64_t read_page_1) {
+  CompressPlan row;
+  row.seq_len = static_cast<uint32_t>(seq_len);
+  row.ragged_id = static_cast<uint16_t>(ragged_id);
+  row.buffer_len = static_cast<uint16_t>(buffer_len);
+  row.read_page_0 = static_cast<int32_t>(read_page_0);
+  row.read_page_1 = static_cast<int32_t>(read_page_1);
+  return row;
+}
+
+// Stage-0 WritePlan of position p (ragged id `ragged`) of request b.
+inline WritePlan write_row(int64_t ragged, int64_t b, int64_t p) {
+  WritePlan row;
+  row.ragged_id = static_cast<uint32_t>(ragged | (b << 16));
+  row.write_loc = static_cast<int32_t>(static_cast<uint32_t>(p + 1));
+  return row;
+}
+
+// Where a regular variant keeps its state: SWA pages (paged C4) or the request ring.
+struct Addressing {
+  int64_t swa_page_size;
+  int64_t ring_size;
+  bool paged;  // ratio 4 and not use_req_ring
+};
+
+// Regular prefill stage 0 over the batch; returns the row counts. plan_c / plan_w need room for
+// sum(extend_lens) rows each (an upper bound of both counts).
+template <int64_t kRatio>
+Counts regular_stage0(const Lengths& len, const Addressing& addr, CompressPlan* plan_c,
+                      WritePlan* plan_w) {
+  static_assert(kRatio == 4 || kRatio == 128, "ratio 4 or 128");
+  constexpr int64_t kWindow = window_size(kRatio);
+  const int64_t pad = mtp_write_pad(kRatio, addr.ring_size);
+  const int64_t page = addr.swa_page_size;
+  CompressPlan* out_c = plan_c;
+  WritePlan* out_w = plan_w;
+  int64_t base = 0;  // ragged id of the request's first token
+  for (int64_t b = 0; b < len.batch; ++b) {
+    const int64_t seq = len.seq_lens[b];
+    const int64_t prefix = seq - len.extend_lens[b];
+    const int64_t first_ragged = base - prefix;  // ragged id of position p: first_ragged + p
+
+    // Compress events: the first p >= prefix with (p + 1) % r == 0, then every r positions.
+    for (int64_t p = prefix / kRatio * kRatio + kRatio - 1; p < seq; p += kRatio) {
+      const int64_t j = p - prefix;
+      *out_c++ = compress_row(p + 1, first_ragged + p, kWindow - std::min(j + 1, kWindow), -1, b);
+    }
+
+    // Kept positions: page tails below first_w (paged C4), then the contiguous tail.
+    const int64_t last_c = seq / kRatio * kRatio;
+    const int64_t first_w = std::min(last_c - (kRatio == 4 ? 4 : 0), seq - pad);
+    if (addr.paged && first_w > prefix) {
+      if (page <= 4) {  // every position lies in the last 4 of its page
+        for (int64_t p = prefix; p < first_w; ++p) *out_w++ = write_row(first_ragged + p, b, p);
+      } else {
+        for (int64_t start = prefix / page * page; start < first_w; start += page) {
+          const int64_t hi = std::min(first_w, start + page);
+          for (int64_t p = std::max(prefix, start + page - 4); p < hi; ++p) {
+            *out_w++ = write_row(first_ragged + p, b, p);
+          }
+        }
+      }
+    }
+    for (int64_t p = std::max(prefix, first_w); p < seq; ++p) {
+      *out_w++ = write_row(first_ragged + p, b, p);
+    }
+    base += seq - prefix;
+  }
+  return {out_c - plan_c, out_w - plan_w};
+}
+
+// Online C128 prefill stage 0 over the batch. plan_c needs room for sum(extend_lens) rows,
+// plan_w for batch rows.
+inline Counts online_stage0(const Lengths& len, CompressPlan* plan_c, CompressPlan* plan_w) {
+  CompressPlan* out_c = plan_c;
+  CompressPlan* out_w = plan_w;
+  int64_t base = 0;
+  for (int64_t b = 0; b < len.batch; ++b) {
+    const int64_t seq = len.seq_lens[b];
+    const int64_t prefix = seq - len.extend_lens[b];
+    const int64_t first_ragged = base - prefix;
+    const auto segment = [&](int64_t p) {  // the segment ending at position p
+      const int64_t start = std::max(prefix, p / kOnlineWindow * kOnlineWindow);
+      return compress_row(p + 1, first_ragged + p, p + 1 - start, b, -1);
+    };
+    for (int64_t p = prefix / kOnlineWindow * kOnlineWindow + kOnlineWindow - 1; p < seq;
+         p += kOnlineWindow) {
+      *out_c++ = segment(p);
+    }
+    if (seq % kOnlineWindow != 0) *out_w++ = segment(seq - 1);
+    base += seq - prefix;
+  }
+  return {out_c - plan_c, out_w - plan_w};
+}
+
+// Rows [from, to) of a list become sentinels (CUDA-graph padding).
+template <typename Row>
+void fill_rows(Row* rows, int64_t from, int64_t to, const Row& sentinel) {
+  std::fill(rows + from, rows + to, sentinel);
+}
+
+}  // namespace plan_host
+}  // namespace flashcompress

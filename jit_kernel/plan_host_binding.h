@@ -1,0 +1,136 @@
+// flashcompress: tvm-ffi binding of the `plan_host` JIT family, the native host planner (host
+// code only: compiled by the host compiler with -DFC_HOST_ONLY=1, linked against tvm-ffi alone;
+// included only by the TU rendered from templates/plan_host_binding.cpp.j2).
+//
+// PlanHostBinding<kRatio, kOnline>::prefill_stage0 builds the stage-0 rows of a prefill plan
+// from host lengths (plan_host.h) straight into caller-allocated host tensors (pinned ones when
+// the plan goes to a GPU), returns how many rows each list got and, with `pad`, fills the rest
+// of both lists with sentinel rows. Python: cuda_ops/plan_host.py.
+//
+// Export (one per variant; N = rows of both lists = num_q_tokens, B = batch):
+//   regular (kOnline = false, ratio 4 or 128):
+//     prefill_stage0(plan_c u8[N,16], plan_w u8[N,8], seq_lens i64[B], extend_lens i64[B],
+//                    swa_page_size, ring_size, use_req_ring, pad) -> (num_c, num_w)
+//   online (kOnline = true, ratio 128):
+//     prefill_stage0(plan_c u8[N,16], plan_w u8[N,16], seq_lens i64[B], extend_lens i64[B],
+//                    pad) -> (num_c, num_w)
+//
+// Every tensor is contiguous host memory (cpu, or cuda_host / rocm_host); plan rows are
+// row-aligned. Before anything is written the binding checks the tensors (TypeError for a
+// wrong dtype, ValueError otherwise, naming the argument) and the lengths, with the messages of
+// python/flashcompress/validation.py: 0 < extend_lens[b] <= seq_lens[b], sum(extend_lens) <= N
+// (the API asks for equality with host lengths; more rows are a padded bucket), N <= 65536
+// (ragged ids are u16); ring_size in [1, INT32_MAX], swa_page_size too when paged.
+#pragma once
+
+#include <tvm/ffi/container/shape.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/error.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "ffi_check.h"
+#include "plan.cuh"
+#include "plan_host.h"
+
+namespace flashcompress {
+namespace plan_host {
+
+namespace chk = ::flashcompress::ffi_check;
+using tvm::ffi::TensorView;
+
+inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+inline void check_host(const TensorView& t, const char* name) {
+  const auto type = t.device().device_type;
+  TVM_FFI_CHECK(type == kDLCPU || type == kDLCUDAHost || type == kDLROCMHost, ValueError)
+      << name << ": expected a tensor in host memory (cpu or pinned), got one on "
+      << chk::device_name(t.device());
+  chk::check_contiguous(t, name);
+}
+
+// uint8 [N, row_bytes] in host memory, row-aligned.
+inline void check_rows(const TensorView& t, const char* name, int64_t rows, int64_t row_bytes) {
+  chk::check_dtype(t, name, chk::kUInt8);
+  chk::check_shape(t, name, {rows, row_bytes});
+  check_host(t, name);
+  chk::check_aligned(t, name, static_cast<uint64_t>(row_bytes));
+}
+
+// Checks the tensors and the lengths (nothing is written yet); returns the lengths view.
+inline Lengths check_inputs(const TensorView& plan_c, const TensorView& plan_w,
+                            int64_t write_row_bytes, const TensorView& seq_lens,
+                            const TensorView& extend_lens) {
+  const int64_t num_tokens = plan_c.ndim() == 2 ? plan_c.size(0) : chk::kAnySize;
+  check_rows(plan_c, "plan_c", num_tokens, kCompressPlanBytes);
+  check_rows(plan_w, "plan_w", num_tokens, write_row_bytes);
+  chk::check_dtype(seq_lens, "seq_lens", chk::kInt64);
+  chk::check_ndim(seq_lens, "seq_lens", 1);
+  check_host(seq_lens, "seq_lens");
+  const int64_t batch = seq_lens.size(0);
+  chk::check_dtype(extend_lens, "extend_lens", chk::kInt64);
+  chk::check_shape(extend_lens, "extend_lens", {batch});
+  check_host(extend_lens, "extend_lens");
+  TVM_FFI_CHECK(num_tokens <= kMaxRaggedId, ValueError)
+      << "num_q_tokens: expected <= " << kMaxRaggedId << " (ragged ids are u16), got "
+      << num_tokens;
+  const Lengths len{static_cast<const int64_t*>(seq_lens.data_ptr()),
+                    static_cast<const int64_t*>(extend_lens.data_ptr()), batch};
+  const LengthsCheck lc = check_lengths(len);
+  const int64_t b = lc.bad_request;
+  TVM_FFI_CHECK(b < 0, ValueError)
+      << "extend_lens: expected 0 < extend_lens[i] <= seq_lens[i] for every request, got "
+      << "extend_lens[" << b << "] = " << (b < 0 ? 0 : len.extend_lens[b]) << ", seq_lens[" << b
+      << "] = " << (b < 0 ? 0 : len.seq_lens[b]);
+  TVM_FFI_CHECK(lc.total_tokens <= num_tokens, ValueError)
+      << "num_q_tokens: expected >= sum(extend_lens) = " << lc.total_tokens
+      << " (padded token count), got " << num_tokens;
+  return len;
+}
+
+template <typename CompressRow, typename WriteRow>
+tvm::ffi::Shape finish(const TensorView& plan_c, const TensorView& plan_w, Counts counts,
+                       bool pad, const WriteRow& write_sentinel) {
+  if (pad) {
+    const int64_t rows = plan_c.size(0);
+    fill_rows(static_cast<CompressRow*>(plan_c.data_ptr()), counts.compress_rows, rows,
+              invalid_compress_plan());
+    fill_rows(static_cast<WriteRow*>(plan_w.data_ptr()), counts.write_rows, rows, write_sentinel);
+  }
+  return tvm::ffi::Shape({counts.compress_rows, counts.write_rows});
+}
+
+template <int kRatio, bool kOnline>
+struct PlanHostBinding;
+
+template <int kRatio>
+struct PlanHostBinding<kRatio, false> {
+  static tvm::ffi::Shape prefill_stage0(TensorView plan_c, TensorView plan_w, TensorView seq_lens,
+                                        TensorView extend_lens, int64_t swa_page_size,
+                                        int64_t ring_size, bool use_req_ring, bool pad) {
+    const Lengths len = check_inputs(plan_c, plan_w, kWritePlanBytes, seq_lens, extend_lens);
+    const bool paged = kRatio == 4 && !use_req_ring;
+    chk::check_range(ring_size, "ring_size", 1, kInt32Max);
+    if (paged) chk::check_range(swa_page_size, "swa_page_size", 1, kInt32Max);
+    const Counts counts = regular_stage0<kRatio>(
+        len, Addressing{swa_page_size, ring_size, paged},
+        static_cast<CompressPlan*>(plan_c.data_ptr()), static_cast<WritePlan*>(plan_w.data_ptr()));
+    return finish<CompressPlan, WritePlan>(plan_c, plan_w, counts, pad, invalid_write_plan());
+  }
+};
+
+template <>
+struct PlanHostBinding<128, true> {
+  static tvm::ffi::Shape prefill_stage0(TensorView plan_c, TensorView plan_w, TensorView seq_lens,
+                                        TensorView extend_lens, bool pad) {
+    const Lengths len = check_inputs(plan_c, plan_w, kCompressPlanBytes, seq_lens, extend_lens);
+    const Counts counts = online_stage0(len, static_cast<CompressPlan*>(plan_c.data_ptr()),
+                                        static_cast<CompressPlan*>(plan_w.data_ptr()));
+    return finish<CompressPlan, CompressPlan>(plan_c, plan_w, counts, pad,
+                                              invalid_compress_plan());
+  }
+};
+
+}  // namespace plan_host
+}  // namespace flashcompress
