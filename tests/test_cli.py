@@ -649,7 +649,7 @@ def test_settings_are_validated_on_the_api_path(private_env: dict[str, str]) -> 
 def test_prewarm_unknown_family_hides_the_test_family(private_env: dict[str, str],
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli("prewarm", "nosuch", capsys=capsys)
-    assert code == 2 and "unknown JIT kernel family 'nosuch'; known: compress, plan, store" in err
+    assert code == 2 and "unknown JIT kernel family 'nosuch'; known: compress, plan, plan_host, store" in err
     assert "selftest" not in err
 
 
