@@ -6,7 +6,7 @@ before sm_90 (and on HIP) every C128 row is pooled by one 512-thread block inste
 cluster instruction in a pre-sm_90 build would not assemble, and a cluster launch fails there,
 so this test compiles the C128 variants to PTX for sm_90a, sm_89 and sm_80 and checks where the
 cluster instructions (and PDL) appear. The sm_80 tiling itself ran on the H200 with
-FC_FORCE_NO_CLUSTERS=1 (benchmarks/RESULTS.md, session 12).
+FC_FORCE_NO_CLUSTERS=1 (benchmarks/RESULTS.md, the correctness table).
 """
 
 from __future__ import annotations

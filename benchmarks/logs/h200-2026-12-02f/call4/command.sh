@@ -1,1 +1,0 @@
-export FC_COMMIT=f371561; OUT2=$OUT; OUT=/tmp/gc FC_STEPS=prewarm,props timeout 140 bash scripts/gpu_check.sh > /dev/null 2>&1; echo rc=$?; cp /tmp/gc/summary.md /tmp/gc/gpu_check.log $OUT2/; grep -E "PASS|FAIL|SKIP" /tmp/gc/summary.md; grep -E "[0-9]+ (passed|failed)" /tmp/gc/gpu_check.log | tail -3

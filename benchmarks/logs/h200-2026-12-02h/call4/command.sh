@@ -1,1 +1,0 @@
-FC_STEPS=prewarm,sanitizer FC_SANITIZER_TOOLS=racecheck FC_SANITIZER_TESTS='(golden and compress) or (fused_matches and (c4_paged_ring8 or c128_ring128 or c128_online))' bash scripts/gpu_check.sh  # tree 351087c
