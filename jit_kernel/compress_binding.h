@@ -31,7 +31,7 @@
 #include "compress_launch.h"
 #include "ffi_check.h"
 #include "gpu_runtime.h"
-#include "plan.cuh"
+#include "layout.h"
 
 namespace flashcompress {
 namespace compress_binding {
@@ -39,33 +39,22 @@ namespace compress_binding {
 namespace chk = ::flashcompress::ffi_check;
 using tvm::ffi::TensorView;
 
-inline constexpr DLDeviceType kGpuDeviceType = FC_GPU_HIP ? kDLROCM : kDLCUDA;
-
 inline DLDataType dl_dtype(DType d) { return d == DType::kF32 ? chk::kFloat32 : chk::kBFloat16; }
-
-// Page bytes of a cache format (python/flashcompress/layouts.py: CacheFormat.page_bytes).
-inline int64_t page_bytes(StoreFormat fmt, int64_t page_size) {
-  switch (fmt) {
-    case StoreFormat::kV4: return (page_size * 584 + 575) / 576 * 576;
-    case StoreFormat::kIndexFp8: return page_size * 132;
-    case StoreFormat::kIndexFp4: return page_size * 68;
-    case StoreFormat::kBf16: return page_size * 1024;
-    default: return 0;
-  }
-}
 
 template <class Launch, int kRatio, bool kOnline, int kHeadDim, DType kIn, DType kState,
           DType kOut, StoreFormat kFmt>
 struct CompressBinding {
-  static constexpr int64_t kInWidth = kRatio == 4 ? 4 * kHeadDim : 2 * kHeadDim;
-  static constexpr int64_t kStateWidth = kOnline ? 3 * kHeadDim : kInWidth;
-  static constexpr int64_t kApeRows = kRatio == 4 ? 8 : 128;
+  static_assert(is_layer_kind(kRatio, kHeadDim, kOnline), "not a compressor layer kind (layout.h kLayerKinds)");
+  static_assert(kFmt == StoreFormat::kNone || cache_format(kFmt).head_dim == kHeadDim, "format / head dim mismatch");
+  static constexpr int64_t kInWidth = input_width(kRatio, kHeadDim);
+  static constexpr int64_t kStateWidth = state_width(kRatio, kHeadDim, kOnline);
+  static constexpr int64_t kApeRows = ape_rows(kRatio);
 
   // The tensors every export takes; returns the launch arguments without the outputs.
   static CompressArgs common(const TensorView& state, const TensorView& input,
                              const TensorView& ape, const TensorView& plan,
                              const TensorView& plan_w, bool is_decode) {
-    chk::check_device_type(state, "kv_score_buffer", kGpuDeviceType);
+    chk::check_device_type(state, "kv_score_buffer", chk::kGpuDeviceType);
     const DLDevice dev = state.device();
     chk::check_tensor(state, "kv_score_buffer", dl_dtype(kState), {chk::kAnySize, kStateWidth}, dev);
     chk::check_tensor(input, "kv_score_input", dl_dtype(kIn), {chk::kAnySize, kInWidth}, dev);
@@ -74,8 +63,8 @@ struct CompressBinding {
     chk::check_aligned(state, "kv_score_buffer", 16);
     chk::check_aligned(input, "kv_score_input", 16);
     chk::check_aligned(ape, "ape", 16);
-    chk::check_tensor(plan, "plan[1]", chk::kUInt8, {chk::kAnySize, 16}, dev);
-    chk::check_aligned(plan, "plan[1]", 16);
+    chk::check_tensor(plan, "plan[1]", chk::kUInt8, {chk::kAnySize, kCompressPlanBytes}, dev);
+    chk::check_aligned(plan, "plan[1]", kCompressPlanBytes);
     CompressArgs a{};
     a.state = state.data_ptr();
     a.input = input.data_ptr();
@@ -90,7 +79,7 @@ struct CompressBinding {
           << "kv_score_input: expected " << a.rows << " rows (one per decode request), got "
           << a.input_rows;
     } else {
-      const int64_t w_bytes = kOnline ? 16 : 8;
+      constexpr int64_t w_bytes = write_row_bytes(kOnline);
       chk::check_tensor(plan_w, "plan[2]", chk::kUInt8, {chk::kAnySize, w_bytes}, dev);
       chk::check_aligned(plan_w, "plan[2]", static_cast<uint64_t>(w_bytes));
       a.plan_w = static_cast<const uint8_t*>(plan_w.data_ptr());
@@ -104,10 +93,7 @@ struct CompressBinding {
 
   static void launch(const CompressArgs& a, DLDevice dev) {
     if (a.rows == 0 && (a.is_decode || a.rows_w == 0)) return;
-    chk::GpuDeviceGuard guard(dev.device_id);
-    const auto stream =
-        static_cast<gpuStream_t>(TVMFFIEnvGetStream(dev.device_type, dev.device_id));
-    FC_CHECK_GPU_ERROR(Launch::run(a, stream));
+    chk::launch_on(dev, &Launch::run, a);
   }
 
   // compress_forward: compressed rows into `out`.
@@ -134,34 +120,19 @@ struct CompressBinding {
     chk::check_aligned(norm_weight, "norm_weight", 16);
     chk::check_tensor(freq, "freq_cis", chk::kFloat32, {chk::kAnySize, 64}, dev);
     chk::check_aligned(freq, "freq_cis", 16);
-    chk::check_dtype(out_loc, "out_loc", chk::kInt64);
-    chk::check_ndim(out_loc, "out_loc", 1);
-    chk::check_contiguous(out_loc, "out_loc");
-    chk::check_same_device(out_loc, "out_loc", dev);
-    if (is_decode) {
-      TVM_FFI_CHECK(out_loc.size(0) == a.rows, ValueError)
-          << "out_loc: expected " << a.rows << " entries (one per decode request), got "
-          << out_loc.size(0);
-    } else {
-      TVM_FFI_CHECK(out_loc.size(0) >= a.rows, ValueError)
-          << "out_loc: expected >= " << a.rows << " entries (one per query token), got "
-          << out_loc.size(0);
-    }
-    TVM_FFI_CHECK(page_size >= 1 && (page_size & (page_size - 1)) == 0, ValueError)
-        << "page_size: expected a power of two, got " << page_size;
-    chk::check_tensor(kvcache, "kvcache", chk::kUInt8, {chk::kAnySize, page_bytes(kFmt, page_size)},
-                      dev);
+    chk::check_out_loc(out_loc, a.rows, is_decode, dev);
+    const int32_t page_shift = chk::check_page_size(page_size);
+    const int64_t page_bytes = cache_page_bytes(kFmt, page_size);
+    chk::check_tensor(kvcache, "kvcache", chk::kUInt8, {chk::kAnySize, page_bytes}, dev);
     chk::check_aligned(kvcache, "kvcache", 16);
     a.out_loc = static_cast<const int64_t*>(out_loc.data_ptr());
     a.store.norm_weight = static_cast<const float*>(norm_weight.data_ptr());
     a.store.freq = static_cast<const float*>(freq.data_ptr());
     a.store.freq_rows = freq.size(0);
     a.store.cache = static_cast<uint8_t*>(kvcache.data_ptr());
-    a.store.page_bytes = page_bytes(kFmt, page_size);
+    a.store.page_bytes = page_bytes;
     a.store.norm_eps = static_cast<float>(norm_eps);
-    int shift = 0;
-    while ((int64_t{1} << shift) < page_size) ++shift;
-    a.store.page_shift = shift;
+    a.store.page_shift = page_shift;
     launch(a, dev);
   }
 };

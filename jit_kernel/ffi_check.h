@@ -9,10 +9,15 @@
 // Wrong dtypes raise TypeError; everything else (shape, device, layout, alignment, ranges)
 // raises ValueError.
 //
+// The checks of the paged-cache arguments both store bindings take (store, compress_store):
+//   check_page_size(page_size) -> log2(page_size)   a power of two in [1, 2^30]
+//   check_out_loc(out_loc, rows, is_decode, dev)     int64 [M]; decode M == rows, prefill M >= rows
+//
 // It also holds the binding side of the GPU runtime shim (gpu_runtime.h), for launches:
 //   FC_CHECK_GPU_ERROR(stmt)   RuntimeError "<CUDA|HIP> Runtime Error: <name> (<code>): <text>"
 //                              unless stmt returns gpuSuccess
 //   GpuDeviceGuard guard(id)   makes device id current for the scope, restores the previous one
+//   launch_on(dev, launcher, args)   launcher(args, the caller's stream of dev) with dev current
 // On CUDA these are tvm-ffi's TVM_FFI_CHECK_CUDA_ERROR and tvm::ffi::CUDADeviceGuard
 // themselves; on HIP (tvm-ffi has no HIP counterparts) they are the same code over the HIP
 // runtime.
@@ -24,6 +29,7 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/dtype.h>
 #include <tvm/ffi/error.h>
+#include <tvm/ffi/extra/c_env_api.h>
 
 #ifndef FC_HOST_ONLY
 #define FC_HOST_ONLY 0
@@ -170,6 +176,42 @@ inline void check_tensor(const TensorView& t, const char* name, DLDataType dtype
 }
 
 // ------------------------------------------------------------------------------------------
+// Paged-cache arguments of the store bindings
+// ------------------------------------------------------------------------------------------
+
+inline constexpr int64_t kMaxPageSize = int64_t{1} << 30;
+
+// A power of two in [1, hi].
+inline void check_power_of_two(int64_t value, const char* name, int64_t hi) {
+  check_range(value, name, 1, hi);
+  TVM_FFI_CHECK((value & (value - 1)) == 0, ValueError) << name << ": expected a power of two, got " << value;
+}
+
+// Checks page_size and returns log2(page_size), the kernels' page_shift.
+inline int32_t check_page_size(int64_t page_size) {
+  check_power_of_two(page_size, "page_size", kMaxPageSize);
+  int32_t shift = 0;
+  while ((int64_t{1} << shift) < page_size) ++shift;
+  return shift;
+}
+
+// out_loc: int64 [M], contiguous, on `device`; decode: M == rows (one slot per request),
+// prefill: M >= rows (indexed by the plan rows' ragged ids).
+inline void check_out_loc(const TensorView& out_loc, int64_t rows, bool is_decode, DLDevice device) {
+  check_dtype(out_loc, "out_loc", kInt64);
+  check_ndim(out_loc, "out_loc", 1);
+  check_contiguous(out_loc, "out_loc");
+  check_same_device(out_loc, "out_loc", device);
+  if (is_decode) {
+    TVM_FFI_CHECK(out_loc.size(0) == rows, ValueError)
+        << "out_loc: expected " << rows << " entries (one per decode request), got " << out_loc.size(0);
+  } else {
+    TVM_FFI_CHECK(out_loc.size(0) >= rows, ValueError)
+        << "out_loc: expected >= " << rows << " entries (one per query token), got " << out_loc.size(0);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
 // GPU runtime errors and the current device
 // ------------------------------------------------------------------------------------------
 
@@ -213,6 +255,21 @@ class GpuDeviceGuard {
 using GpuDeviceGuard = ::tvm::ffi::CUDADeviceGuard;
 #endif  // FC_GPU_HIP
 #endif  // !FC_HOST_ONLY
+
+// The DLPack device type of this build's GPU runtime: every tensor a kernel reads lives there.
+inline constexpr DLDeviceType kGpuDeviceType = FC_GPU_HIP ? kDLROCM : kDLCUDA;
+
+// The caller's current stream on `device` (torch's, through tvm-ffi's environment).
+inline gpuStream_t stream_of(DLDevice device) {
+  return static_cast<gpuStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
+}
+
+// launcher(args, stream_of(device)) with `device` current; a launch error raises RuntimeError.
+template <typename Args>
+void launch_on(DLDevice device, gpuError_t (*launcher)(const Args&, gpuStream_t), const Args& args) {
+  GpuDeviceGuard guard(device.device_id);
+  FC_CHECK_GPU_ERROR(launcher(args, stream_of(device)));
+}
 
 }  // namespace ffi_check
 }  // namespace flashcompress

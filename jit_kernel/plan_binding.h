@@ -63,6 +63,7 @@
 
 #include "ffi_check.h"  // also the GPU error check and device guard (gpu_runtime.h)
 #include "gpu_runtime.h"
+#include "layout.h"
 #include "plan.cuh"
 #include "plan_launch.h"
 
@@ -73,13 +74,6 @@ namespace chk = ::flashcompress::ffi_check;
 using tvm::ffi::TensorView;
 
 inline constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-
-// The DLPack device type of this build's GPU runtime; a variant's kDevice must match it.
-inline constexpr DLDeviceType kGpuDeviceType = FC_GPU_HIP ? kDLROCM : kDLCUDA;
-
-inline gpuStream_t stream_of(DLDevice device) {
-  return static_cast<gpuStream_t>(TVMFFIEnvGetStream(device.device_type, device.device_id));
-}
 
 // The device of the first output; every other tensor must live there.
 inline DLDevice output_device(const TensorView& t, const char* name, DLDeviceType device_type) {
@@ -140,31 +134,42 @@ std::string hex_bytes(const T& value) {
   return out;
 }
 
+struct FieldInfo {
+  const char* name;
+  size_t offset, size;
+};
+
+// "Name": {"size": .., "align": .., "fields": {"field": [offset, size], ...}}
+template <typename Row, size_t N>
+void row_json(std::ostream& os, const char* name, const FieldInfo (&fields)[N]) {
+  os << ", \"" << name << "\": {\"size\": " << sizeof(Row) << ", \"align\": " << alignof(Row) << ", \"fields\": {";
+  for (size_t i = 0; i < N; ++i) {
+    os << (i ? ", " : "") << "\"" << fields[i].name << "\": [" << fields[i].offset << ", " << fields[i].size << "]";
+  }
+  os << "}}";
+}
+
 // The C++ side of layouts.py, for tests that compare the two (no GPU involved).
 template <int kRatio, bool kOnline>
 tvm::ffi::String layout_json() {
   std::ostringstream os;
   os << "{\"ratio\": " << kRatio << ", \"online\": " << (kOnline ? "true" : "false")
-     << ", \"window\": " << window_size(kRatio)
-     << ", \"max_ragged_id\": " << kMaxRaggedId
-     << ", \"DecodePlan\": {\"size\": " << sizeof(DecodePlan)
-     << ", \"align\": " << alignof(DecodePlan)
-     << ", \"fields\": {\"seq_len\": [" << offsetof(DecodePlan, seq_len) << ", 4]"
-     << ", \"write_loc\": [" << offsetof(DecodePlan, write_loc) << ", 4]"
-     << ", \"read_page_0\": [" << offsetof(DecodePlan, read_page_0) << ", 4]"
-     << ", \"read_page_1\": [" << offsetof(DecodePlan, read_page_1) << ", 4]}}"
-     << ", \"CompressPlan\": {\"size\": " << sizeof(CompressPlan)
-     << ", \"align\": " << alignof(CompressPlan)
-     << ", \"fields\": {\"seq_len\": [" << offsetof(CompressPlan, seq_len) << ", 4]"
-     << ", \"ragged_id\": [" << offsetof(CompressPlan, ragged_id) << ", 2]"
-     << ", \"buffer_len\": [" << offsetof(CompressPlan, buffer_len) << ", 2]"
-     << ", \"read_page_0\": [" << offsetof(CompressPlan, read_page_0) << ", 4]"
-     << ", \"read_page_1\": [" << offsetof(CompressPlan, read_page_1) << ", 4]}}"
-     << ", \"WritePlan\": {\"size\": " << sizeof(WritePlan)
-     << ", \"align\": " << alignof(WritePlan)
-     << ", \"fields\": {\"ragged_id\": [" << offsetof(WritePlan, ragged_id) << ", 4]"
-     << ", \"write_loc\": [" << offsetof(WritePlan, write_loc) << ", 4]}}"
-     << ", \"invalid_compress_row\": \"" << hex_bytes(invalid_compress_plan()) << "\""
+     << ", \"window\": " << window_size(kRatio) << ", \"max_ragged_id\": " << kMaxRaggedId;
+  row_json<DecodePlan>(os, "DecodePlan",
+                       {{"seq_len", offsetof(DecodePlan, seq_len), sizeof(DecodePlan::seq_len)},
+                        {"write_loc", offsetof(DecodePlan, write_loc), sizeof(DecodePlan::write_loc)},
+                        {"read_page_0", offsetof(DecodePlan, read_page_0), sizeof(DecodePlan::read_page_0)},
+                        {"read_page_1", offsetof(DecodePlan, read_page_1), sizeof(DecodePlan::read_page_1)}});
+  row_json<CompressPlan>(os, "CompressPlan",
+                         {{"seq_len", offsetof(CompressPlan, seq_len), sizeof(CompressPlan::seq_len)},
+                          {"ragged_id", offsetof(CompressPlan, ragged_id), sizeof(CompressPlan::ragged_id)},
+                          {"buffer_len", offsetof(CompressPlan, buffer_len), sizeof(CompressPlan::buffer_len)},
+                          {"read_page_0", offsetof(CompressPlan, read_page_0), sizeof(CompressPlan::read_page_0)},
+                          {"read_page_1", offsetof(CompressPlan, read_page_1), sizeof(CompressPlan::read_page_1)}});
+  row_json<WritePlan>(os, "WritePlan",
+                      {{"ragged_id", offsetof(WritePlan, ragged_id), sizeof(WritePlan::ragged_id)},
+                       {"write_loc", offsetof(WritePlan, write_loc), sizeof(WritePlan::write_loc)}});
+  os << ", \"invalid_compress_row\": \"" << hex_bytes(invalid_compress_plan()) << "\""
      << ", \"invalid_write_row\": \"" << hex_bytes(invalid_write_plan()) << "\"}";
   return tvm::ffi::String(os.str());
 }
@@ -183,7 +188,7 @@ struct Rows {
 // decode(out u8[B,16], req_pool_indices i64[B], seq_lens i64[B], ...)
 inline Rows decode_common(const TensorView& out, const TensorView& req_pool_indices,
                           const TensorView& seq_lens) {
-  const DLDevice dev = output_device(out, "out", kGpuDeviceType);
+  const DLDevice dev = output_device(out, "out", chk::kGpuDeviceType);
   const int64_t batch = check_plan_rows(out, "out", kDecodePlanBytes, dev);
   check_index_vector(req_pool_indices, "req_pool_indices", batch, dev);
   check_index_vector(seq_lens, "seq_lens", batch, dev);
@@ -193,7 +198,7 @@ inline Rows decode_common(const TensorView& out, const TensorView& req_pool_indi
 // prefill_stage1(plan_c u8[Nc,16], plan_w u8[Nw,w_bytes], num_c, num_w, req_pool_indices i64[B], ...)
 inline Rows stage1_common(const TensorView& plan_c, const TensorView& plan_w, int64_t num_c,
                           int64_t num_w, const TensorView& req_pool_indices, int64_t w_bytes) {
-  const DLDevice dev = output_device(plan_c, "plan_c", kGpuDeviceType);
+  const DLDevice dev = output_device(plan_c, "plan_c", chk::kGpuDeviceType);
   const int64_t rows_c = check_plan_rows(plan_c, "plan_c", kCompressPlanBytes, dev);
   const int64_t rows_w = check_plan_rows(plan_w, "plan_w", w_bytes, dev);
   chk::check_range(num_c, "num_c", 0, rows_c);
@@ -211,7 +216,7 @@ inline Rows device_common(const TensorView& plan_c, const TensorView& plan_w,
                           const TensorView& workspace, const TensorView& req_pool_indices,
                           const TensorView& seq_lens, const TensorView& extend_lens,
                           int64_t w_bytes) {
-  const DLDevice dev = output_device(plan_c, "plan_c", kGpuDeviceType);
+  const DLDevice dev = output_device(plan_c, "plan_c", chk::kGpuDeviceType);
   const int64_t rows = check_plan_rows(plan_c, "plan_c", kCompressPlanBytes, dev);
   chk::check_range(rows, "num_q_tokens (plan_c.shape[0])", 0, kMaxRaggedId);
   chk::check_tensor(plan_w, "plan_w", chk::kUInt8, {rows, w_bytes}, dev);
@@ -264,12 +269,6 @@ void fill_device(Args& a, const Rows& r, const TensorView& plan_c, const TensorV
   a.batch = r.batch;
 }
 
-template <typename Args>
-void launch(gpuError_t (*launcher)(const Args&, gpuStream_t), const Args& args, DLDevice dev) {
-  chk::GpuDeviceGuard guard(dev.device_id);
-  FC_CHECK_GPU_ERROR(launcher(args, stream_of(dev)));
-}
-
 // The exports of one variant; defined for kOnline = false and kOnline = true below.
 template <int kRatio, bool kOnline>
 struct PlanBinding;
@@ -288,20 +287,20 @@ struct PlanBinding<kRatio, false> {
                                         use_req_ring, r.dev);
     if (r.batch == 0) return;
     fill_decode(args, r, out, req_pool_indices, seq_lens);
-    launch(&Launch::decode, args, r.dev);
+    chk::launch_on(r.dev, &Launch::decode, args);
   }
 
   static void prefill_stage1(TensorView plan_c, TensorView plan_w, int64_t num_c, int64_t num_w,
                              TensorView req_pool_indices, TensorView req_to_token,
                              TensorView full_to_state, int64_t swa_page_size, int64_t ring_size,
                              bool use_req_ring) {
-    const Rows r = stage1_common(plan_c, plan_w, num_c, num_w, req_pool_indices, kWritePlanBytes);
+    const Rows r = stage1_common(plan_c, plan_w, num_c, num_w, req_pool_indices, write_row_bytes(false));
     PrefillStage1Args args{};
     args.addr = make_addressing<kRatio>(req_to_token, full_to_state, swa_page_size, ring_size,
                                         use_req_ring, r.dev);
     if (r.rows == 0 && r.rows_w == 0) return;
     fill_stage1(args, r, plan_c, plan_w, num_c, num_w, req_pool_indices);
-    launch(&Launch::prefill_stage1, args, r.dev);
+    chk::launch_on(r.dev, &Launch::prefill_stage1, args);
   }
 
   static void prefill_device(TensorView plan_c, TensorView plan_w, TensorView workspace,
@@ -310,13 +309,13 @@ struct PlanBinding<kRatio, false> {
                              TensorView full_to_state, int64_t swa_page_size, int64_t ring_size,
                              bool use_req_ring) {
     const Rows r = device_common(plan_c, plan_w, workspace, req_pool_indices, seq_lens,
-                                 extend_lens, kWritePlanBytes);
+                                 extend_lens, write_row_bytes(false));
     PrefillDeviceArgs args{};
     args.addr = make_addressing<kRatio>(req_to_token, full_to_state, swa_page_size, ring_size,
                                         use_req_ring, r.dev);
     if (r.rows == 0) return;
     fill_device(args, r, plan_c, plan_w, workspace, req_pool_indices, seq_lens, extend_lens);
-    launch(&Launch::prefill_device, args, r.dev);
+    chk::launch_on(r.dev, &Launch::prefill_device, args);
   }
 
   static tvm::ffi::String layout_info() { return layout_json<kRatio, false>(); }
@@ -334,33 +333,32 @@ struct PlanBinding<kRatio, true> {
     if (r.batch == 0) return;
     OnlineDecodeArgs args{};
     fill_decode(args, r, out, req_pool_indices, seq_lens);
-    args.state_slot_offset = state_slot_offset;
-    launch(&Launch::decode, args, r.dev);
+    args.addr.state_slot_offset = state_slot_offset;
+    chk::launch_on(r.dev, &Launch::decode, args);
   }
 
   static void prefill_stage1(TensorView plan_c, TensorView plan_w, int64_t num_c, int64_t num_w,
                              TensorView req_pool_indices, int64_t state_slot_offset) {
-    const Rows r = stage1_common(plan_c, plan_w, num_c, num_w, req_pool_indices,
-                                 kCompressPlanBytes);
+    const Rows r = stage1_common(plan_c, plan_w, num_c, num_w, req_pool_indices, write_row_bytes(true));
     chk::check_range(state_slot_offset, "state_slot_offset", 0, kInt32Max);
     if (r.rows == 0 && r.rows_w == 0) return;
     OnlinePrefillStage1Args args{};
     fill_stage1(args, r, plan_c, plan_w, num_c, num_w, req_pool_indices);
-    args.state_slot_offset = state_slot_offset;
-    launch(&Launch::prefill_stage1, args, r.dev);
+    args.addr.state_slot_offset = state_slot_offset;
+    chk::launch_on(r.dev, &Launch::prefill_stage1, args);
   }
 
   static void prefill_device(TensorView plan_c, TensorView plan_w, TensorView workspace,
                              TensorView req_pool_indices, TensorView seq_lens,
                              TensorView extend_lens, int64_t state_slot_offset) {
     const Rows r = device_common(plan_c, plan_w, workspace, req_pool_indices, seq_lens,
-                                 extend_lens, kCompressPlanBytes);
+                                 extend_lens, write_row_bytes(true));
     chk::check_range(state_slot_offset, "state_slot_offset", 0, kInt32Max);
     if (r.rows == 0) return;
     OnlinePrefillDeviceArgs args{};
     fill_device(args, r, plan_c, plan_w, workspace, req_pool_indices, seq_lens, extend_lens);
-    args.state_slot_offset = state_slot_offset;
-    launch(&Launch::prefill_device, args, r.dev);
+    args.addr.state_slot_offset = state_slot_offset;
+    chk::launch_on(r.dev, &Launch::prefill_device, args);
   }
 
   static tvm::ffi::String layout_info() { return layout_json<kRatio, true>(); }

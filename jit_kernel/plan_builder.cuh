@@ -44,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gpu_runtime.h"
 #include "plan.cuh"
@@ -103,7 +104,7 @@ FC_HOST_DEVICE void decode_row(const DecodeArgs& a, int64_t b) {
 }
 
 FC_HOST_DEVICE void online_decode_row(const OnlineDecodeArgs& a, int64_t b) {
-  const int64_t slot = a.req_pool_indices[b] + a.state_slot_offset;
+  const int64_t slot = a.req_pool_indices[b] + a.addr.state_slot_offset;
   DecodePlan row;
   row.seq_len = static_cast<uint32_t>(a.seq_lens[b]);
   row.write_loc = static_cast<int32_t>(slot);
@@ -136,78 +137,76 @@ FC_HOST_DEVICE CompressPlan final_compress_row(const StateAddressing& addr, int6
   return row;
 }
 
+// Sentinel rows and the invalid-row test, per row type.
+FC_HOST_DEVICE bool is_invalid(const CompressPlan& row) { return row.seq_len == kInvalidU32; }
+FC_HOST_DEVICE bool is_invalid(const WritePlan& row) { return row.ragged_id == kInvalidU32; }
+
+template <class Row>
+FC_HOST_DEVICE Row invalid_row() {
+  if constexpr (std::is_same_v<Row, WritePlan>) {
+    return invalid_write_plan();
+  } else {
+    return invalid_compress_plan();
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // Prefill stage 1 over CPU-built stage-0 rows (§4.4)
 // ------------------------------------------------------------------------------------------
 
-template <int kRatio>
-FC_HOST_DEVICE void prefill_stage1_row(const PrefillStage1Args& a, int64_t i) {
-  if (i < a.rows_c) {
-    if (i >= a.num_c) {
-      a.plan_c[i] = invalid_compress_plan();
-    } else {
-      CompressPlan row = a.plan_c[i];
-      if (row.seq_len == kInvalidU32) {
-        a.plan_c[i] = invalid_compress_plan();
-      } else if (row.buffer_len > 0) {
-        const int64_t b = row.read_page_1;
-        if (b >= 0 && b < a.batch) {  // stage 0 stores the batch index here
-          const int64_t rid = a.req_pool_indices[b];
-          const int64_t p1 = static_cast<int64_t>(row.seq_len) - 1;
-          row.read_page_0 = state_page<kRatio>(a.addr, rid, max_i64(p1 - kRatio, 0));
-          row.read_page_1 = state_page<kRatio>(a.addr, rid, p1);
-          a.plan_c[i] = row;
-        }
-      }  // valid rows with buffer_len == 0 keep (-1, b)
-    }
+// Row i of one list: padding rows (i >= num) and invalid stage-0 rows become sentinels; a valid
+// row is handed to resolve(row), which fills in its state addresses and returns false when the
+// row is to stay as it is.
+template <class Row, class Resolve>
+FC_HOST_DEVICE void stage1_list_row(Row* plan, int64_t rows, int64_t num, int64_t i, Resolve resolve) {
+  if (i >= rows) return;
+  if (i >= num) {
+    plan[i] = invalid_row<Row>();
+    return;
   }
-  if (i < a.rows_w) {
-    if (i >= a.num_w) {
-      a.plan_w[i] = invalid_write_plan();
-    } else {
-      WritePlan row = a.plan_w[i];
-      if (row.ragged_id == kInvalidU32) {
-        a.plan_w[i] = invalid_write_plan();
-      } else {
-        const int64_t b = static_cast<int64_t>(row.ragged_id >> 16);
-        if (b < a.batch) {
-          const int64_t rid = a.req_pool_indices[b];
-          const int64_t pos = static_cast<int64_t>(row.write_loc) - 1;
-          row.ragged_id &= 0xFFFFu;
-          row.write_loc = static_cast<int32_t>(state_row(a.addr, rid, pos));
-          a.plan_w[i] = row;
-        }
-      }
-    }
+  Row row = plan[i];
+  if (is_invalid(row)) {
+    plan[i] = invalid_row<Row>();
+  } else if (resolve(row)) {
+    plan[i] = row;
   }
 }
 
-FC_HOST_DEVICE void online_stage1_one(CompressPlan* plan, int64_t rows, int64_t num, int64_t i,
-                                      const int64_t* req_pool_indices, int64_t batch,
-                                      int64_t state_slot_offset) {
-  if (i >= rows) return;
-  if (i >= num) {
-    plan[i] = invalid_compress_plan();
-    return;
-  }
-  CompressPlan row = plan[i];
-  if (row.seq_len == kInvalidU32) {
-    plan[i] = invalid_compress_plan();
-    return;
-  }
-  const int64_t b = row.read_page_0;  // stage 0 stores the batch index here
-  if (b < 0 || b >= batch) return;
-  const int64_t rid = req_pool_indices[b];
-  row.read_page_0 = static_cast<int32_t>(rid + state_slot_offset);
-  row.read_page_1 = static_cast<int32_t>(rid);
-  plan[i] = row;
+template <int kRatio>
+FC_HOST_DEVICE void prefill_stage1_row(const PrefillStage1Args& a, int64_t i) {
+  stage1_list_row(a.plan_c, a.rows_c, a.num_c, i, [&](CompressPlan& row) {
+    const int64_t b = row.read_page_1;  // stage 0 stores the batch index here
+    // valid rows with buffer_len == 0 keep (-1, b)
+    if (row.buffer_len == 0 || b < 0 || b >= a.batch) return false;
+    const int64_t rid = a.req_pool_indices[b];
+    const int64_t p1 = static_cast<int64_t>(row.seq_len) - 1;
+    row.read_page_0 = state_page<kRatio>(a.addr, rid, max_i64(p1 - kRatio, 0));
+    row.read_page_1 = state_page<kRatio>(a.addr, rid, p1);
+    return true;
+  });
+  stage1_list_row(a.plan_w, a.rows_w, a.num_w, i, [&](WritePlan& row) {
+    const int64_t b = static_cast<int64_t>(row.ragged_id >> 16);
+    if (b >= a.batch) return false;
+    const int64_t rid = a.req_pool_indices[b];
+    const int64_t pos = static_cast<int64_t>(row.write_loc) - 1;
+    row.ragged_id &= 0xFFFFu;
+    row.write_loc = static_cast<int32_t>(state_row(a.addr, rid, pos));
+    return true;
+  });
 }
 
 FC_HOST_DEVICE void online_stage1_row(const OnlinePrefillStage1Args& a, int64_t i) {
-  online_stage1_one(a.plan_c, a.rows_c, a.num_c, i, a.req_pool_indices, a.batch,
-                    a.state_slot_offset);
-  online_stage1_one(a.plan_w, a.rows_w, a.num_w, i, a.req_pool_indices, a.batch,
-                    a.state_slot_offset);
+  // Both lists: stage 0 stores the batch index in read_page_0.
+  const auto resolve = [&](CompressPlan& row) {
+    const int64_t b = row.read_page_0;
+    if (b < 0 || b >= a.batch) return false;
+    const int64_t rid = a.req_pool_indices[b];
+    row.read_page_0 = static_cast<int32_t>(rid + a.addr.state_slot_offset);
+    row.read_page_1 = static_cast<int32_t>(rid);
+    return true;
+  };
+  stage1_list_row(a.plan_c, a.rows_c, a.num_c, i, resolve);
+  stage1_list_row(a.plan_w, a.rows_w, a.num_w, i, resolve);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -271,26 +270,20 @@ struct RequestCounts {
   int64_t write_rows;
 };
 
-// Rows request b contributes to each list, in closed form.
-template <int kRatio>
-FC_HOST_DEVICE RequestCounts prefill_request_counts(const PrefillDeviceArgs& a, int64_t b) {
-  const Request q = load_request(a.seq_lens, a.extend_lens, b);
-  RequestCounts n;
-  n.tokens = q.extend;
-  n.compress_rows = q.seq / kRatio - q.prefix / kRatio;  // events p in [prefix, seq): (p+1)%r==0
-  n.write_rows = make_write_policy<kRatio>(a.addr, q.seq).count(q.prefix, q.seq);
-  return n;
-}
-
-// Online C128: the extend is cut at multiples of 128; segments that reach a chunk end are
-// compress rows, the trailing partial segment (if any) is the one write row.
-template <int kRatio>
-FC_HOST_DEVICE RequestCounts online_request_counts(const OnlinePrefillDeviceArgs& a, int64_t b) {
+// Rows request b contributes to each list, in closed form. Compress rows: the events p in
+// [prefix, seq) with (p + 1) % r == 0. Write rows: the written positions; online C128 cuts the
+// extend at multiples of 128, and the trailing partial segment (if any) is its one write row.
+template <int kRatio, bool kOnline>
+FC_HOST_DEVICE RequestCounts request_counts(const DeviceArgsOf<kOnline>& a, int64_t b) {
   const Request q = load_request(a.seq_lens, a.extend_lens, b);
   RequestCounts n;
   n.tokens = q.extend;
   n.compress_rows = q.seq / kRatio - q.prefix / kRatio;
-  n.write_rows = (q.extend > 0 && q.seq % kRatio != 0) ? 1 : 0;
+  if constexpr (kOnline) {
+    n.write_rows = (q.extend > 0 && q.seq % kRatio != 0) ? 1 : 0;
+  } else {
+    n.write_rows = make_write_policy<kRatio>(a.addr, q.seq).count(q.prefix, q.seq);
+  }
   return n;
 }
 
@@ -323,11 +316,12 @@ FC_HOST_DEVICE int64_t find_request(const int64_t* tok, int64_t batch, int64_t i
   return lo;
 }
 
-// Thread i of the rows kernel: the rows of ragged token i (if any), and the sentinel rows i of
-// either list past its total. Rows written for tokens have index < total <= i, so the two
-// kinds of writes never touch the same row.
-template <int kRatio>
-FC_HOST_DEVICE void prefill_device_row(const PrefillDeviceArgs& a, int64_t i) {
+// Thread i of the rows kernel: emit(s, b, q, pos) writes the rows of ragged token i (if any:
+// request b, position pos), then rows i of either list past its total become sentinels. Rows
+// written for tokens have index < total <= i, so the two kinds of writes never touch the same
+// row.
+template <bool kOnline, class Emit>
+FC_HOST_DEVICE void device_rows(const DeviceArgsOf<kOnline>& a, int64_t i, Emit emit) {
   const ScanView s = scan_view(a.workspace, a.batch);
   const int64_t total_tok = s.tok[a.batch];
   const int64_t total_c = s.comp[a.batch];
@@ -335,13 +329,26 @@ FC_HOST_DEVICE void prefill_device_row(const PrefillDeviceArgs& a, int64_t i) {
   if (i < total_tok) {
     const int64_t b = find_request(s.tok, a.batch, i);
     const Request q = load_request(a.seq_lens, a.extend_lens, b);
-    const int64_t j = i - s.tok[b];
-    const int64_t pos = q.prefix + j;
+    emit(s, b, q, q.prefix + (i - s.tok[b]));
+  }
+  if (i >= total_c) a.plan_c[i] = invalid_compress_plan();
+  if (i >= total_w) a.plan_w[i] = invalid_row<WriteRowOf<kOnline>>();
+}
+
+// Index in the compress list of the event at position pos of request b.
+template <int kRatio>
+FC_HOST_DEVICE int64_t compress_index(const ScanView& s, int64_t b, const Request& q, int64_t pos) {
+  return s.comp[b] + pos / kRatio - q.prefix / kRatio;
+}
+
+template <int kRatio>
+FC_HOST_DEVICE void prefill_device_row(const PrefillDeviceArgs& a, int64_t i) {
+  device_rows<false>(a, i, [&](const ScanView& s, int64_t b, const Request& q, int64_t pos) {
     const int64_t rid = a.req_pool_indices[b];
     if ((pos + 1) % kRatio == 0) {
-      const int64_t idx = s.comp[b] + pos / kRatio - q.prefix / kRatio;
+      const int64_t idx = compress_index<kRatio>(s, b, q, pos);
       if (idx >= 0 && idx < a.num_rows) {
-        a.plan_c[idx] = final_compress_row<kRatio>(a.addr, b, rid, pos, j, i);
+        a.plan_c[idx] = final_compress_row<kRatio>(a.addr, b, rid, pos, pos - q.prefix, i);
       }
     }
     const WritePolicy policy = make_write_policy<kRatio>(a.addr, q.seq);
@@ -354,43 +361,29 @@ FC_HOST_DEVICE void prefill_device_row(const PrefillDeviceArgs& a, int64_t i) {
         a.plan_w[idx] = row;
       }
     }
-  }
-  if (i >= total_c) a.plan_c[i] = invalid_compress_plan();
-  if (i >= total_w) a.plan_w[i] = invalid_write_plan();
+  });
 }
 
+// Online C128: a token that closes a 128-chunk is a compress row, the request's last token (if
+// it does not) the write row; both carry the segment since max(prefix, chunk start).
 template <int kRatio>
 FC_HOST_DEVICE void online_prefill_device_row(const OnlinePrefillDeviceArgs& a, int64_t i) {
-  const ScanView s = scan_view(a.workspace, a.batch);
-  const int64_t total_tok = s.tok[a.batch];
-  const int64_t total_c = s.comp[a.batch];
-  const int64_t total_w = s.wr[a.batch];
-  if (i < total_tok) {
-    const int64_t b = find_request(s.tok, a.batch, i);
-    const Request q = load_request(a.seq_lens, a.extend_lens, b);
-    const int64_t pos = q.prefix + (i - s.tok[b]);
+  device_rows<true>(a, i, [&](const ScanView& s, int64_t b, const Request& q, int64_t pos) {
     const bool closes_chunk = (pos + 1) % kRatio == 0;
     const bool last_partial = !closes_chunk && pos + 1 == q.seq;
-    if (closes_chunk || last_partial) {
-      const int64_t rid = a.req_pool_indices[b];
-      const int64_t seg_start = max_i64(q.prefix, (pos / kRatio) * kRatio);
-      CompressPlan row;
-      row.seq_len = static_cast<uint32_t>(pos + 1);
-      row.ragged_id = static_cast<uint16_t>(i);
-      row.buffer_len = static_cast<uint16_t>(pos + 1 - seg_start);
-      row.read_page_0 = static_cast<int32_t>(rid + a.state_slot_offset);
-      row.read_page_1 = static_cast<int32_t>(rid);
-      if (closes_chunk) {
-        const int64_t idx = s.comp[b] + pos / kRatio - q.prefix / kRatio;
-        if (idx >= 0 && idx < a.num_rows) a.plan_c[idx] = row;
-      } else {
-        const int64_t idx = s.wr[b];
-        if (idx >= 0 && idx < a.num_rows) a.plan_w[idx] = row;
-      }
-    }
-  }
-  if (i >= total_c) a.plan_c[i] = invalid_compress_plan();
-  if (i >= total_w) a.plan_w[i] = invalid_compress_plan();
+    if (!closes_chunk && !last_partial) return;
+    const int64_t rid = a.req_pool_indices[b];
+    const int64_t seg_start = max_i64(q.prefix, (pos / kRatio) * kRatio);
+    CompressPlan row;
+    row.seq_len = static_cast<uint32_t>(pos + 1);
+    row.ragged_id = static_cast<uint16_t>(i);
+    row.buffer_len = static_cast<uint16_t>(pos + 1 - seg_start);
+    row.read_page_0 = static_cast<int32_t>(rid + a.addr.state_slot_offset);
+    row.read_page_1 = static_cast<int32_t>(rid);
+    const int64_t idx = closes_chunk ? compress_index<kRatio>(s, b, q, pos) : s.wr[b];
+    CompressPlan* list = closes_chunk ? a.plan_c : a.plan_w;
+    if (idx >= 0 && idx < a.num_rows) list[idx] = row;
+  });
 }
 
 // ------------------------------------------------------------------------------------------
@@ -445,13 +438,7 @@ __global__ void __launch_bounds__(kScanThreads) prefill_scan_kernel(const Args a
   for (int64_t base = 0; base < a.batch; base += kScanThreads) {  // uniform across the block
     const int64_t b = base + tid;
     RequestCounts own = {0, 0, 0};
-    if (b < a.batch) {
-      if constexpr (kOnline) {
-        own = online_request_counts<kRatio>(a, b);
-      } else {
-        own = prefill_request_counts<kRatio>(a, b);
-      }
-    }
+    if (b < a.batch) own = request_counts<kRatio, kOnline>(a, b);
     s_tok[tid] = own.tokens;
     s_comp[tid] = own.compress_rows;
     s_wr[tid] = own.write_rows;

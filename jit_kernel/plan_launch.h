@@ -20,16 +20,9 @@ namespace flashcompress {
 
 template <bool kOnline>
 struct PlanArgs {
-  using Decode = DecodeArgs;
-  using Stage1 = PrefillStage1Args;
-  using Device = PrefillDeviceArgs;
-};
-
-template <>
-struct PlanArgs<true> {
-  using Decode = OnlineDecodeArgs;
-  using Stage1 = OnlinePrefillStage1Args;
-  using Device = OnlinePrefillDeviceArgs;
+  using Decode = DecodeArgsOf<kOnline>;
+  using Stage1 = Stage1ArgsOf<kOnline>;
+  using Device = DeviceArgsOf<kOnline>;
 };
 
 template <int kRatio, bool kOnline>

@@ -59,7 +59,7 @@
 #include <cstdint>
 
 #include "gpu_runtime.h"
-#include "plan.cuh"
+#include "layout.h"
 #include "quant.cuh"
 #include "store_args.h"
 #include "store_launch.h"
@@ -102,48 +102,38 @@ inline constexpr int kBlockThreads = kWarpsPerBlock * kWarpLanes;
 inline constexpr float kAmaxFloor = 1e-4f;
 inline constexpr uint32_t kHadamardScaleBits = 0x3DB504F3u;  // rsqrtf(128), correctly rounded
 
-// Bytes per token of each format: data region, then scale region of the page.
+// Bytes per token of each format (layout.h): data region, then scale region of the page.
 template <StoreFormat kFmt>
-struct FormatTraits;
-template <>
-struct FormatTraits<StoreFormat::kV4> {
-  static constexpr int kHeadDim = 512, kDataBytes = 576, kScaleBytes = 8;
-};
-template <>
-struct FormatTraits<StoreFormat::kIndexFp8> {
-  static constexpr int kHeadDim = 128, kDataBytes = 128, kScaleBytes = 4;
-};
-template <>
-struct FormatTraits<StoreFormat::kIndexFp4> {
-  static constexpr int kHeadDim = 128, kDataBytes = 64, kScaleBytes = 4;
-};
-template <>
-struct FormatTraits<StoreFormat::kBf16> {
-  static constexpr int kHeadDim = 512, kDataBytes = 1024, kScaleBytes = 0;
+struct FormatTraits {
+  static constexpr int kHeadDim = static_cast<int>(cache_format(kFmt).head_dim);
+  static constexpr int kDataBytes = static_cast<int>(cache_format(kFmt).data_bytes);
+  static constexpr int kScaleBytes = static_cast<int>(cache_format(kFmt).scale_bytes);
 };
 
 namespace detail {
 
 // ------------------------------------------------------------------ lane exchange
 
-template <int W>
-FC_STORE_FN float lanes_max(float v) {
+// op-reduction over aligned groups of W lanes: vec.cuh's group_reduce on the GPU; the emulator's
+// host lanes in the same butterfly order.
+template <int W, typename T, typename Op>
+FC_STORE_FN T lanes_reduce(T v, Op op) {
 #if FC_STORE_LANES_ON_DEVICE
-  return group_max<W>(v);
+  return group_reduce<W>(v, op);
 #else
-  for (int m = W / 2; m >= 1; m /= 2) v = fmaxf(v, host_lanes::shfl_xor(v, m));
+  for (int m = W / 2; m >= 1; m /= 2) v = op(v, host_lanes::shfl_xor(v, m));
   return v;
 #endif
 }
 
 template <int W>
+FC_STORE_FN float lanes_max(float v) {
+  return lanes_reduce<W>(v, [](float a, float b) { return fmaxf(a, b); });
+}
+
+template <int W>
 FC_STORE_FN double lanes_sum_f64(double v) {
-#if FC_STORE_LANES_ON_DEVICE
-  return group_sum_f64<W>(v);
-#else
-  for (int m = W / 2; m >= 1; m /= 2) v += host_lanes::shfl_xor(v, m);
-  return v;
-#endif
+  return lanes_reduce<W>(v, [](double a, double b) { return a + b; });
 }
 
 FC_STORE_FN float lane_xor(float v, int mask) {
@@ -559,25 +549,6 @@ __global__ void __launch_bounds__(kBlockThreads, kStoreMinBlocks<kHeadDim>) stor
   pdl_leave<true>();
 }
 
-// Thread t encodes x[4t .. 4t+3] (n % 4 == 0): the device path of every encoder.
-template <int kPerThread>
-__global__ void __launch_bounds__(256) quant_probe_kernel(const float* x, uint8_t* out, int64_t n) {
-  static_assert(kPerThread == 4, "pack_fp8x4 encodes four values");
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (kPerThread * t >= n) return;
-  const float* xs = x + kPerThread * t;
-  const uint32_t fp8 = quant::pack_fp8x4(xs[0], xs[1], xs[2], xs[3]);
-  for (int i = 0; i < kPerThread; ++i) {
-    uint8_t* o = out + 4 * (kPerThread * t + i);
-    const uint32_t pair = quant::bf16x2_bits(xs[i & ~1], xs[i | 1]);  // the packed pair path
-    const uint16_t b = static_cast<uint16_t>((i & 1) ? pair >> 16 : pair);
-    o[0] = static_cast<uint8_t>(fp8 >> (8 * i));
-    o[1] = static_cast<uint8_t>(quant::e2m1_threshold(xs[i]));
-    o[2] = static_cast<uint8_t>(b & 0xFF);
-    o[3] = static_cast<uint8_t>(b >> 8);
-  }
-}
-
 }  // namespace store
 
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
@@ -592,16 +563,6 @@ gpuError_t StoreLaunch<kHeadDim, kFmt, kIn>::run(const StoreKernelArgs& args, gp
       <<<static_cast<unsigned>(blocks), static_cast<unsigned>(store::kBlockThreads), 0, stream>>>(args);
   return gpuGetLastError();
 #endif
-}
-
-template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
-gpuError_t StoreLaunch<kHeadDim, kFmt, kIn>::quant_probe(const float* x, uint8_t* out, int64_t n,
-                                                        gpuStream_t stream) {
-  if (n <= 0) return gpuSuccess;
-  const int64_t threads = n / 4;
-  const int64_t blocks = (threads + 255) / 256;
-  store::quant_probe_kernel<4><<<static_cast<unsigned>(blocks), 256u, 0, stream>>>(x, out, n);
-  return gpuGetLastError();
 }
 
 }  // namespace flashcompress

@@ -10,21 +10,19 @@
 //   norm_eps     fp32            as it crosses the C ABI (1e-6 -> 9.99999997e-7)
 //   freq         fp32 [max_pos, 64]  view_as_real(freq_cis): row p = cos0, sin0, cos1, sin1, ...
 //   cache        uint8 [pages, page_bytes]  (bf16 format: [rows, 1024 * page_size])
-//   page_bytes   bytes per page  (V4: ceil(584 P / 576) * 576; idx fp8: 132 P; idx fp4: 68 P;
-//                bf16: 1024 P)
+//   page_bytes   bytes per page: cache_page_bytes(format, page_size) (layout.h)
 //   page_shift   log2(page_size)  (page size a power of two, a runtime value)
 //
 // A row with position p and destination slot loc is written at page = loc >> page_shift,
 // slot = loc & (page_size - 1): data bytes at page * page_bytes + slot * data_bytes, scale bytes
-// at page * page_bytes + page_size * data_bytes + slot * scale_bytes (python/.../layouts.py).
+// at page * page_bytes + page_size * data_bytes + slot * scale_bytes (layout.h).
 #pragma once
 
 #include <cstdint>
 
-namespace flashcompress {
+#include "layout.h"  // StoreFormat and the formats' byte sizes
 
-// The cache a row is stored into. kNone: no store (compress_forward's plain output).
-enum class StoreFormat : int { kNone = 0, kV4 = 1, kIndexFp8 = 2, kIndexFp4 = 3, kBf16 = 4 };
+namespace flashcompress {
 
 struct StoreArgs {
   const float* norm_weight;

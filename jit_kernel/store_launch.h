@@ -39,10 +39,6 @@ template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 struct StoreLaunch {
   // One warp per plan row, several rows per block, on `stream`; no host synchronisation.
   static gpuError_t run(const StoreKernelArgs& args, gpuStream_t stream);
-  // Test probe of the device encoders (quant.cuh) over n fp32 values: out[i] (4 bytes) =
-  // pack_fp8(x[i]), e2m1_threshold(x[i]), bf16_bits(x[i]) (little-endian u16, by bf16x2_bits of the
-  // pair 2k, 2k + 1 holding x[i]).
-  static gpuError_t quant_probe(const float* x, uint8_t* out, int64_t n, gpuStream_t stream);
 };
 
 }  // namespace flashcompress

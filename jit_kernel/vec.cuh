@@ -6,6 +6,7 @@
 //   to_float(T) / from_float<T>(float)   fp32 <-> fp32 / bf16 (RNE), exact on both sides.
 //   group_sum<W>(v), group_max<W>(v)     xor-butterfly over aligned groups of W lanes
 //                        (W a power of two <= 32); every lane of the group gets the result.
+//                        group_sum takes float or double.
 //   async_copy<B>(smem, gmem), async_commit(), async_wait<N>()   B (4, 8, 16) bytes global ->
 //                        shared without holding registers (cp.async, sm_80+; HIP: a plain copy).
 //                        Only the issuing thread may read the bytes, after async_wait<N> has
@@ -24,6 +25,7 @@
 #endif
 
 #include <cstdint>
+#include <type_traits>
 
 namespace flashcompress {
 
@@ -78,7 +80,10 @@ __device__ __forceinline__ float via(TStore x) {
   return to_float(from_float<TIn>(to_float(x)));
 }
 
-__device__ __forceinline__ float shfl_xor(float v, int mask, int width) {
+// Lane exchange of a float or a double (fp64 sums of the store's RMSNorm).
+template <typename T>
+__device__ __forceinline__ T shfl_xor(T v, int mask, int width) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "shfl_xor: float or double");
 #if FC_GPU_HIP
   return __shfl_xor(v, mask, width);
 #else
@@ -86,20 +91,25 @@ __device__ __forceinline__ float shfl_xor(float v, int mask, int width) {
 #endif
 }
 
-template <int W>
-__device__ __forceinline__ float group_sum(float v) {
+// op-reduction over aligned groups of W lanes, xor butterfly with masks W/2, ..., 1.
+template <int W, typename T, typename Op>
+__device__ __forceinline__ T group_reduce(T v, Op op) {
   static_assert(W >= 1 && W <= 32 && (W & (W - 1)) == 0, "lane group must be a power of two <= 32");
 #pragma unroll
-  for (int m = W / 2; m >= 1; m /= 2) v += shfl_xor(v, m, W);
+  for (int m = W / 2; m >= 1; m /= 2) v = op(v, shfl_xor(v, m, W));
   return v;
+}
+
+// group_sum in fp64 is the store's RMSNorm sum of squares: fp32 squares are exact in fp64, so
+// the sum is the exact one up to a few fp64 roundings, whatever the lane order.
+template <int W, typename T>
+__device__ __forceinline__ T group_sum(T v) {
+  return group_reduce<W>(v, [](T a, T b) { return a + b; });
 }
 
 template <int W>
 __device__ __forceinline__ float group_max(float v) {
-  static_assert(W >= 1 && W <= 32 && (W & (W - 1)) == 0, "lane group must be a power of two <= 32");
-#pragma unroll
-  for (int m = W / 2; m >= 1; m /= 2) v = fmaxf(v, shfl_xor(v, m, W));
-  return v;
+  return group_reduce<W>(v, [](float a, float b) { return fmaxf(a, b); });
 }
 
 // Asynchronous global -> shared copies (the compress kernel's staging: its copy share, the bias,
@@ -129,26 +139,6 @@ __device__ __forceinline__ void async_wait() {
 #if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
 #endif
-}
-
-// ---- appended for the store kernels (store.cuh) ----
-
-__device__ __forceinline__ double shfl_xor(double v, int mask, int width) {
-#if FC_GPU_HIP
-  return __shfl_xor(v, mask, width);
-#else
-  return __shfl_xor_sync(0xffffffffu, v, mask, width);
-#endif
-}
-
-// group_sum<W> in fp64 (the RMSNorm sum of squares of the store kernels: fp32 squares are exact
-// in fp64, so the sum is the exact one up to a few fp64 roundings, whatever the lane order).
-template <int W>
-__device__ __forceinline__ double group_sum_f64(double v) {
-  static_assert(W >= 1 && W <= 32 && (W & (W - 1)) == 0, "lane group must be a power of two <= 32");
-#pragma unroll
-  for (int m = W / 2; m >= 1; m /= 2) v += shfl_xor(v, m, W);
-  return v;
 }
 
 }  // namespace flashcompress

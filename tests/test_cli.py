@@ -481,7 +481,7 @@ def test_jobs_must_be_positive_and_are_capped_by_cores(private_env: dict[str, st
             cli.main(["prewarm", "-j", bad, "--all"])
         assert info.value.code == 2 and "expected an integer >= 1" in capsys.readouterr().err
     monkeypatch.setattr(cache, "available_memory_bytes", lambda: 4096 * cache.GIB)
-    monkeypatch.setattr(prewarm, "_cores", lambda: 3)
+    monkeypatch.setattr(cache, "cpu_cores", lambda: 3)
     assert prewarm.prewarm_jobs(64) == (3, "-j 64 capped to 3 by CPU cores")
     assert prewarm.prewarm_jobs(2) == (2, None)
     monkeypatch.setattr(cache, "available_memory_bytes", lambda: 5 * cache.GIB)

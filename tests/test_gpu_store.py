@@ -108,13 +108,16 @@ def test_golden_byte_for_byte(st, name: str, call: str) -> None:
     assert torch.equal(got, want), cmp.report()
 
 
-def test_device_encoders_match_reference(st) -> None:
-    """quant_probe runs the device encoders (incl. the sm_89+ cvt e4m3 path) over a dense fp32 grid."""
+def test_device_encoders_match_reference() -> None:
+    """The selftest family's quant_probe runs the device encoders (incl. the sm_89+ cvt e4m3 path)
+    over a dense fp32 grid."""
+    from flashcompress.jit import get_module
+
     high = torch.arange(1 << 20, dtype=torch.int64) << 12
     low = torch.tensor([0x000, 0x001, 0x7FF, 0x800, 0x801, 0xFFF], dtype=torch.int64)
     bits = (high[:, None] | low[None, :]).reshape(-1)
     x = torch.where(bits >= 1 << 31, bits - (1 << 32), bits).to(torch.int32).view(torch.float32)
-    mod = st.store_module(L.MAIN_V4, torch.float32)
+    mod = get_module("selftest", value=0, block=256)
     out = torch.empty((x.numel(), 4), dtype=torch.uint8, device=DEV)
     mod.quant_probe(x.to(DEV), out)
     out = out.cpu()

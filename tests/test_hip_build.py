@@ -77,7 +77,7 @@ EXTRA_VARIANTS: dict[str, list[dict]] = {
 KERNELS = {
     "plan": ["prefill_scan_kernel"],
     "compress": ["decode_kernel", "prefill_kernel"],
-    "store": ["store_kernel", "quant_probe_kernel"],
+    "store": ["store_kernel"],
 }
 
 

@@ -52,6 +52,8 @@ def check_module(module, value: int, block: int = 128) -> None:
     assert torch.equal(out, x + value)
     assert module.variant_value() == value and module.variant_block() == block
     assert module.variant_arch() == "90a"
+    with pytest.raises(ValueError, match="x: expected a cuda tensor, got one on cpu:0"):
+        module.quant_probe(x[:8], torch.zeros((8, 4), dtype=torch.uint8))
 
 
 # ----------------------------------------------------------------------------- settings

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -76,48 +77,102 @@ def test_model_constants() -> None:
     assert L.select_cache_format(512, False, True) is L.BF16_ROWS
 
 
+# Prints every fact of jit_kernel/layout.h as JSON, straight from its definitions.
 CPP_PROBE = r"""
 #include <cstdio>
-#include <cstring>
-#include "plan.cuh"
+#include "layout.h"
 using namespace flashcompress;
-static void dump(const char* name, const void* p, size_t n) {
-  printf("%s ", name);
+static void hex(const char* key, const void* p, size_t n) {
+  printf(", \"%s\": \"", key);
   for (size_t i = 0; i < n; ++i) printf("%02x", ((const unsigned char*)p)[i]);
-  printf("\n");
+  printf("\"");
 }
+#define FIELD(Row, f, sep) printf("%s\"" #f "\": [%zu, %zu]", sep, offsetof(Row, f), sizeof(Row::f))
 int main() {
-  printf("DecodePlan %zu seq_len=%zu write_loc=%zu read_page_0=%zu read_page_1=%zu\n", sizeof(DecodePlan),
-         offsetof(DecodePlan, seq_len), offsetof(DecodePlan, write_loc), offsetof(DecodePlan, read_page_0),
-         offsetof(DecodePlan, read_page_1));
-  printf("CompressPlan %zu seq_len=%zu ragged_id=%zu buffer_len=%zu read_page_0=%zu read_page_1=%zu\n",
-         sizeof(CompressPlan), offsetof(CompressPlan, seq_len), offsetof(CompressPlan, ragged_id),
-         offsetof(CompressPlan, buffer_len), offsetof(CompressPlan, read_page_0), offsetof(CompressPlan, read_page_1));
-  printf("WritePlan %zu ragged_id=%zu write_loc=%zu\n", sizeof(WritePlan), offsetof(WritePlan, ragged_id),
-         offsetof(WritePlan, write_loc));
-  CompressPlan c = invalid_compress_plan();
-  WritePlan w = invalid_write_plan();
-  dump("INVALID_COMPRESS_ROW", &c, sizeof c);
-  dump("INVALID_WRITE_ROW", &w, sizeof w);
-  printf("MAX_RAGGED_ID %lld\n", (long long)kMaxRaggedId);
+  printf("{\"formats\": [");
+  const char* sep = "";
+  for (StoreFormat fmt : kCacheFormats) {
+    const CacheFormatBytes f = cache_format(fmt);
+    printf("%s{\"name\": \"%s\", \"head_dim\": %lld, \"data_bytes\": %lld, \"scale_bytes\": %lld, "
+           "\"page_align\": %lld, \"page_bytes\": [", sep, f.name, (long long)f.head_dim,
+           (long long)f.data_bytes, (long long)f.scale_bytes, (long long)f.page_align);
+    const long long sizes[] = {1, 2, 3, 4, 64, 256};
+    for (int i = 0; i < 6; ++i) printf("%s%lld", i ? ", " : "", (long long)cache_page_bytes(fmt, sizes[i]));
+    printf("]}");
+    sep = ", ";
+  }
+  printf("], \"layer_kinds\": [");
+  sep = "";
+  for (const LayerKind& k : kLayerKinds) {
+    printf("%s[%lld, %lld, %s, %lld, %lld, %lld]", sep, (long long)k.ratio, (long long)k.head_dim,
+           k.online ? "true" : "false", (long long)state_width(k.ratio, k.head_dim, k.online),
+           (long long)input_width(k.ratio, k.head_dim), (long long)ape_rows(k.ratio));
+    sep = ", ";
+  }
+  printf("], \"window\": [%lld, %lld], \"mtp_write_pad\": [%lld, %lld, %lld, %lld]",
+         (long long)window_size(4), (long long)window_size(128), (long long)mtp_write_pad(4, 8),
+         (long long)mtp_write_pad(4, 16), (long long)mtp_write_pad(128, 128), (long long)mtp_write_pad(128, 256));
+  printf(", \"DecodePlan\": [%zu, %zu, {", sizeof(DecodePlan), alignof(DecodePlan));
+  FIELD(DecodePlan, seq_len, ""); FIELD(DecodePlan, write_loc, ", ");
+  FIELD(DecodePlan, read_page_0, ", "); FIELD(DecodePlan, read_page_1, ", ");
+  printf("}], \"CompressPlan\": [%zu, %zu, {", sizeof(CompressPlan), alignof(CompressPlan));
+  FIELD(CompressPlan, seq_len, ""); FIELD(CompressPlan, ragged_id, ", "); FIELD(CompressPlan, buffer_len, ", ");
+  FIELD(CompressPlan, read_page_0, ", "); FIELD(CompressPlan, read_page_1, ", ");
+  printf("}], \"WritePlan\": [%zu, %zu, {", sizeof(WritePlan), alignof(WritePlan));
+  FIELD(WritePlan, ragged_id, ""); FIELD(WritePlan, write_loc, ", ");
+  printf("}], \"row_bytes\": [%lld, %lld, %lld, %lld, %lld]", (long long)kDecodePlanBytes,
+         (long long)kCompressPlanBytes, (long long)kWritePlanBytes, (long long)write_row_bytes(false),
+         (long long)write_row_bytes(true));
+  const CompressPlan c = invalid_compress_plan();
+  const WritePlan w = invalid_write_plan();
+  hex("invalid_compress_row", &c, sizeof c);
+  hex("invalid_write_row", &w, sizeof w);
+  printf(", \"invalid_u32\": %u, \"max_ragged_id\": %lld}\n", kInvalidU32, (long long)kMaxRaggedId);
   return 0;
 }
 """
 
 
-@pytest.mark.skipif(shutil.which("c++") is None, reason="no host C++ compiler")
-def test_cpp_plan_structs_match_python(tmp_path: Path) -> None:
-    header = JIT_KERNEL_DIR / "plan.cuh"
+@pytest.fixture(scope="module")
+def cpp_layout(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every fact of ``jit_kernel/layout.h``, from a host program compiled against it."""
+    if shutil.which("c++") is None:
+        pytest.skip("no host C++ compiler")
+    header = JIT_KERNEL_DIR / "layout.h"
     assert header.is_file(), f"missing {header}"
-    src = tmp_path / "probe.cpp"
-    src.write_text(CPP_PROBE)
-    exe = tmp_path / "probe"
-    subprocess.run(["c++", "-std=c++17", f"-I{JIT_KERNEL_DIR}", str(src), "-o", str(exe)], check=True)
-    lines = dict(line.split(" ", 1) for line in subprocess.run([str(exe)], capture_output=True, text=True,
-                                                               check=True).stdout.splitlines())
+    work = tmp_path_factory.mktemp("layout_probe")
+    (work / "probe.cpp").write_text(CPP_PROBE)
+    subprocess.run(["c++", "-std=c++17", "-Wall", "-Werror", f"-I{JIT_KERNEL_DIR}", "probe.cpp", "-o", "probe"],
+                   cwd=work, check=True)
+    return json.loads(subprocess.run([str(work / "probe")], capture_output=True, text=True, check=True).stdout)
+
+
+def test_cpp_cache_formats_match_python(cpp_layout: dict) -> None:
+    page_sizes = (1, 2, 3, 4, 64, 256)
+    want = [{"name": f.name, "head_dim": f.head_dim, "data_bytes": f.data_bytes, "scale_bytes": f.scale_bytes,
+             "page_align": f.page_align, "page_bytes": [f.page_bytes(p) for p in page_sizes]}
+            for f in L.CACHE_FORMATS.values()]
+    assert cpp_layout["formats"] == want
+    for f in L.CACHE_FORMATS.values():  # the kvcache tensor's row is one C++ page
+        assert [f.cache_row_bytes(p) for p in page_sizes] == [f.page_bytes(p) for p in page_sizes]
+
+
+def test_cpp_layer_kinds_match_python(cpp_layout: dict) -> None:
+    want = [[k.ratio, k.head_dim, k.online, k.state_width, k.input_width, k.ape_rows] for k in L.LAYER_KINDS.values()]
+    assert cpp_layout["layer_kinds"] == want
+    assert cpp_layout["window"] == [L.window_size(4), L.window_size(128)]
+    assert cpp_layout["mtp_write_pad"] == [L.mtp_write_pad(4, 8), L.mtp_write_pad(4, 16), L.mtp_write_pad(128, 128),
+                                           L.mtp_write_pad(128, 256)]
+
+
+def test_cpp_plan_rows_match_python(cpp_layout: dict) -> None:
     for layout in (L.DECODE_PLAN, L.COMPRESS_PLAN, L.WRITE_PLAN):
-        expected = f"{layout.row_bytes} " + " ".join(f"{f.name}={f.offset}" for f in layout.fields)
-        assert lines[layout.name] == expected
-    assert bytes.fromhex(lines["INVALID_COMPRESS_ROW"]) == L.INVALID_COMPRESS_ROW
-    assert bytes.fromhex(lines["INVALID_WRITE_ROW"]) == L.INVALID_WRITE_ROW
-    assert int(lines["MAX_RAGGED_ID"]) == L.MAX_RAGGED_ID
+        size, align, fields = cpp_layout[layout.name]
+        assert size == align == layout.row_bytes, layout.name
+        assert fields == {f.name: [f.offset, f.size] for f in layout.fields}, layout.name
+    assert cpp_layout["row_bytes"] == [L.DECODE_PLAN.row_bytes, L.PLAN_ROW_BYTES, L.WRITE_ROW_BYTES,
+                                       L.WRITE_ROW_BYTES, L.PLAN_ROW_BYTES]
+    assert bytes.fromhex(cpp_layout["invalid_compress_row"]) == L.INVALID_COMPRESS_ROW
+    assert bytes.fromhex(cpp_layout["invalid_write_row"]) == L.INVALID_WRITE_ROW
+    assert cpp_layout["invalid_u32"] == L.INVALID_U32
+    assert cpp_layout["max_ragged_id"] == L.MAX_RAGGED_ID

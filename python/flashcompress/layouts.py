@@ -1,11 +1,11 @@
 """Byte layouts shared by every backend: plan rows and KV-cache entries.
 
 This module is the single Python definition of every byte format flashcompress
-reads or writes.  The C++ side mirrors the plan rows in ``jit_kernel/plan.cuh``;
-``tests/test_layouts.py`` compiles that header and checks that the two agree
-(sizes, offsets, sentinels).  The cache formats are mirrored by
-``jit_kernel/store.cuh`` (``FormatTraits``) and checked against the page sizes
-in ``jit_kernel/store_binding.h``; ``tests/test_store_*.py`` pin their bytes.
+reads or writes and of the tensor widths of each layer kind.  The C++ side
+defines the same facts once, in ``jit_kernel/layout.h``; ``tests/test_layouts.py``
+compiles that header on the host and checks that the two agree (cache formats,
+layer kinds, plan row sizes, offsets and sentinels); ``tests/test_store_*.py``
+pin the cache bytes.
 
 All integers are little-endian.  Plan tensors are ``uint8 [rows, ROW_BYTES]``.
 
@@ -209,6 +209,8 @@ INDEXER_FP8: Final = CacheFormat("idx_fp8", 128, 128, 4, 1)
 INDEXER_FP4: Final = CacheFormat("idx_fp4", 128, 64, 4, 1)
 # bf16 store: dense 1024-byte rows addressed directly by out_loc.
 BF16_ROWS: Final = CacheFormat("bf16", 512, 1024, 0, 1)
+# Every format a store writes, by name (jit_kernel/layout.h kCacheFormats, in this order).
+CACHE_FORMATS: Final = {f.name: f for f in (MAIN_V4, INDEXER_FP8, INDEXER_FP4, BF16_ROWS)}
 
 V4_NOPE_DIM: Final = 448
 V4_TILE: Final = 64

@@ -156,7 +156,7 @@ int run(Input& in) {
     a.req_pool_indices = in.rids.data();
     a.seq_lens = in.seq_lens.data();
     a.batch = B;
-    a.state_slot_offset = in.state_slot_offset;
+    a.addr.state_slot_offset = in.state_slot_offset;
     for (int64_t b = 0; b < B; ++b) fp::online_decode_row(a, b);
     print_rows("D", reinterpret_cast<unsigned char*>(out.data()), B, 16);
   } else if (in.op == "stage1") {
@@ -192,7 +192,7 @@ int run(Input& in) {
     a.num_w = in.num_w;
     a.req_pool_indices = in.rids.data();
     a.batch = B;
-    a.state_slot_offset = in.state_slot_offset;
+    a.addr.state_slot_offset = in.state_slot_offset;
     const int64_t rows = in.rows_c > in.rows_w ? in.rows_c : in.rows_w;
     for (int64_t i = 0; i < rows; ++i) fp::online_stage1_row(a, i);
     print_rows("C", reinterpret_cast<unsigned char*>(c.data()), in.rows_c, 16);
@@ -213,7 +213,7 @@ int run(Input& in) {
     a.extend_lens = in.extend_lens.data();
     a.batch = B;
     a.addr = addressing(in);
-    serial_scan(ws, B, [&](int64_t b) { return fp::prefill_request_counts<kRatio>(a, b); });
+    serial_scan(ws, B, [&](int64_t b) { return fp::request_counts<kRatio, false>(a, b); });
     for (int64_t i = 0; i < in.N; ++i) fp::prefill_device_row<kRatio>(a, i);
     print_rows("C", reinterpret_cast<unsigned char*>(c.data()), in.N, 16);
     print_rows("W", reinterpret_cast<unsigned char*>(w.data()), in.N, 8);
@@ -232,8 +232,8 @@ int run(Input& in) {
     a.seq_lens = in.seq_lens.data();
     a.extend_lens = in.extend_lens.data();
     a.batch = B;
-    a.state_slot_offset = in.state_slot_offset;
-    serial_scan(ws, B, [&](int64_t b) { return fp::online_request_counts<kRatio>(a, b); });
+    a.addr.state_slot_offset = in.state_slot_offset;
+    serial_scan(ws, B, [&](int64_t b) { return fp::request_counts<kRatio, true>(a, b); });
     for (int64_t i = 0; i < in.N; ++i) fp::online_prefill_device_row<kRatio>(a, i);
     print_rows("C", reinterpret_cast<unsigned char*>(c.data()), in.N, 16);
     print_rows("W", reinterpret_cast<unsigned char*>(w.data()), in.N, 16);

@@ -23,12 +23,14 @@ and C++ tracebacks name files that still exist after publishing.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shlex
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
@@ -186,29 +188,16 @@ def run_steps(stages: Sequence[Sequence[Step]], cwd: Path, log_path: Path, *, ve
     timings: list[tuple[str, float]] = []
     with open(log_path, "a", encoding="utf-8") as log:
         for stage in stages:
-            results: list[_Result | None] = [None] * len(stage)
-
-            def worker(i: int, step: Step) -> None:
-                results[i] = _run_one(step, cwd, timeout)
-
-            threads = [threading.Thread(target=worker, args=(i, s), daemon=True) for i, s in enumerate(stage[1:], 1)]
-            for t in threads:
-                t.start()
-            if stage:
-                worker(0, stage[0])
-            for t in threads:
-                t.join()
+            with ThreadPoolExecutor(max_workers=max(1, len(stage)), thread_name_prefix="fc-build") as pool:
+                results = list(pool.map(lambda step: _run_one(step, cwd, timeout), stage))
             failed: _Result | None = None
             for res in results:
-                assert res is not None
                 log.write(f"$ {res.step.command}\n{res.output}")
                 if res.output and not res.output.endswith("\n"):
                     log.write("\n")
                 log.write(f"# {res.step.label}: exit {res.returncode}, {res.seconds:.2f} s\n\n")
                 timings.append((res.step.label, res.seconds))
                 if verbose:
-                    import logging
-
                     logging.getLogger("flashcompress.jit").info("%s (%.2f s)\n$ %s\n%s", res.step.label,
                                                                 res.seconds, res.step.command, res.output)
                 if res.returncode != 0 and failed is None:

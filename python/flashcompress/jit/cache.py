@@ -72,6 +72,14 @@ def available_memory_bytes() -> int | None:
         return None
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - non-Linux
+        return os.cpu_count() or 1
+
+
 def jobs(requested: int = 0) -> tuple[int, str | None]:
     """Parallel compiler processes, and a note when available memory capped them.
 
@@ -80,10 +88,7 @@ def jobs(requested: int = 0) -> tuple[int, str | None]:
     """
     from .settings import get_settings
 
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        cores = os.cpu_count() or 1
+    cores = cpu_cores()
     available = available_memory_bytes()
     memory_cap = None if available is None else max(1, available // BYTES_PER_JOB)
     asked, what = (requested, f"-j {requested}") if requested > 0 else (get_settings().jobs, None)
@@ -104,10 +109,6 @@ class Layout:
     module_name: str
     input_dir: Path  # <root>/<version>/<tag>/<module>/<input digest>
     toolchain_digest: str
-
-    @property
-    def module_dir(self) -> Path:
-        return self.input_dir.parent
 
     @property
     def leaf(self) -> Path:
@@ -225,7 +226,8 @@ class Entry:
     manifest: dict[str, Any] | None
 
 
-def _tree_size(path: Path) -> int:
+def tree_size(path: Path) -> int:
+    """Bytes of every file below ``path``."""
     total = 0
     for dirpath, _, filenames in os.walk(path):
         for name in filenames:
@@ -269,7 +271,7 @@ def scan(root: Path, *, sizes: bool = True) -> Iterator[Entry]:
                         kind, tc = found
                         try:
                             mtime = child.stat().st_mtime
-                            size = (_tree_size(child) if child.is_dir() else child.stat().st_size) if sizes else 0
+                            size = (tree_size(child) if child.is_dir() else child.stat().st_size) if sizes else 0
                         except OSError:
                             continue
                         yield Entry(kind, child, version_dir.name, tag_dir.name, module_dir.name,

@@ -11,11 +11,8 @@ memoised front doors (``flashcompress.jit`` re-exports them)::
                         -> compile into .staging-* -> load + export check -> manifest
                         -> os.rename(staging, entry) -> size cap
 
-Entries live at ``<module>/<input digest>/<toolchain digest>/`` (cache.py).
-Where the compilers cannot be probed (a runtime image without the toolkit), or
-offline when these compilers did not build the entry, any entry under the input
-digest is loaded.  A miss that cannot be built raises ``ToolchainMissing`` (no
-compiler) or ``OfflineCacheMiss``.
+Entries and which of them load without a compiler: cache.py.  A miss that cannot
+be built raises ``ToolchainMissing`` (no compiler) or ``OfflineCacheMiss``.
 
 A damaged entry (manifest missing or not matching, library truncated, dlopen
 failure, missing export) is warned about (``CacheCorruptionWarning``), removed
@@ -37,7 +34,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .cache import (ENGINE_RECIPE, Layout, digest, ensure_root, enforce_size_cap, file_sha256, package_version, read_manifest,
                     remove_tree, touch)
@@ -109,6 +106,12 @@ class Resolved:
     toolchain: Toolchain | None
     layout: Layout | None
     toolchain_error: ToolchainUnavailable | None = None
+
+    def candidates(self) -> list[Layout]:
+        """The entries a lookup may load: these compilers' entry, and without a compiler (or
+        offline) every other entry under the input digest too."""
+        own = [self.layout] if self.layout is not None else []
+        return own + self.siblings() if self.toolchain is None or self.settings.offline else own
 
     def siblings(self) -> list[Layout]:
         """Published entries under the input digest other than ``layout``, newest first."""
@@ -213,11 +216,8 @@ def acquire(key: VariantKey, *, force: bool | None = None) -> Acquired:
 def _find(res: Resolved) -> tuple[Any, Layout | None, list[tuple[Layout, str]]]:
     """The entry these compilers build, else (no compiler, or offline) any entry of the same inputs.
     Returns ``(module, layout, [(corrupt entry, problem)])``."""
-    candidates = [res.layout] if res.layout is not None else []
-    if res.toolchain is None or res.settings.offline:
-        candidates += res.siblings()
     corrupt = []
-    for layout in candidates:
+    for layout in res.candidates():
         module, problem = _try_load(res, layout)
         if module is not None:
             log.info("hit %s at %s", res.key.describe(), layout.leaf)
@@ -285,13 +285,19 @@ def _try_load(res: Resolved, layout: Layout) -> tuple[Any | None, str | None]:
         return (None, f"{layout.library.name} is missing") if layout.leaf.is_dir() else (None, None)
     if size != expected:
         return None, f"{layout.library.name} has {size} bytes, the manifest says {expected} (truncated?)"
+    module, problem = load_checked(layout.library, res.family.exports)
+    return (None, None) if problem and not layout.library.exists() else (module, problem)
+
+
+def load_checked(library: Path, exports: Sequence[str]) -> tuple[Any | None, str | None]:
+    """dlopen ``library`` and check that it exports ``exports``: ``(module, None)`` or ``(None, problem)``."""
     import tvm_ffi
 
     try:
-        module = tvm_ffi.load_module(str(layout.library))
+        module = tvm_ffi.load_module(str(library))
     except Exception as exc:  # noqa: BLE001 - any loader failure means "unusable"
-        return (None, f"failed to load: {exc}") if layout.library.exists() else (None, None)
-    missing = [name for name in res.family.exports if not module.implements_function(name)]
+        return None, f"failed to load: {exc}"
+    missing = [name for name in exports if not module.implements_function(name)]
     return (None, f"exports {missing} are missing") if missing else (module, None)
 
 
@@ -411,20 +417,13 @@ def _compile(res: Resolved, staging: Path) -> list[tuple[str, float]]:
 
 def _load_built(res: Resolved, staging: Path) -> Any:
     """dlopen the freshly linked library and check its exports."""
-    import tvm_ffi
-
     assert res.layout is not None
     library = staging / res.layout.library.name
-    try:
-        module = tvm_ffi.load_module(str(library))
-    except Exception as exc:  # noqa: BLE001
-        raise _fail(res, staging, f"tvm_ffi.load_module({library.name!r})", [str(exc)],
-                    f"# loading {library.name} failed: {exc}\n") from None
-    missing = [name for name in res.family.exports if not module.implements_function(name)]
-    if missing:
-        raise _fail(res, staging, "export check", [f"module does not export {missing} (declared in Family.exports; "
-                                                   f"use TVM_FFI_DLL_EXPORT_TYPED_FUNC)"],
-                    f"# missing exports: {missing}\n")
+    module, problem = load_checked(library, res.family.exports)
+    if problem is not None:
+        hint = " (declared in Family.exports; use TVM_FFI_DLL_EXPORT_TYPED_FUNC)" if "exports" in problem else ""
+        raise _fail(res, staging, f"tvm_ffi.load_module({library.name!r})", [problem + hint],
+                    f"# loading {library.name}: {problem}\n") from None
     return module
 
 
@@ -484,10 +483,7 @@ def lookup(key: VariantKey) -> tuple[Path, bool]:
     Without a compiler (or offline) any entry of the same inputs counts; with no entry at all,
     the expected entry directory (the input directory without a compiler) and False."""
     res = resolve(key)
-    candidates = [res.layout] if res.layout is not None else []
-    if res.toolchain is None or res.settings.offline:
-        candidates += res.siblings()
-    for layout in candidates:
+    for layout in res.candidates():
         if layout.manifest.is_file() and layout.library.is_file():
             return layout.leaf, True
     return (res.layout.leaf if res.layout is not None else res.input_dir), False

@@ -47,7 +47,12 @@ RESERVED_PARAMS = frozenset({"module_name", "namespace", "target_arch", "backend
 # Modules (packages: every submodule) whose import registers the families.
 FAMILY_MODULES: tuple[str, ...] = ("flashcompress.cuda_ops", "flashcompress.testing.selftest")
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
-_SOURCE_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx", ".h", ".hpp", ".cuh", ".inc")
+_UNIT_SUFFIXES = (".cu", ".cpp", ".cc", ".cxx")  # translation units (build.py compiles these)
+_SOURCE_SUFFIXES = (*_UNIT_SUFFIXES, ".h", ".hpp", ".cuh", ".inc")
+
+
+def _param_name_ok(name: str) -> bool:
+    return name not in RESERVED_PARAMS and _NAME.fullmatch(name) is not None
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ class Family:
         sources = tuple((str(t), str(o)) for t, o in self.sources)
         object.__setattr__(self, "sources", sources)
         outputs = [o for _, o in sources]
-        if not any(o.endswith((".cu", ".cpp", ".cc", ".cxx")) for o in outputs) or len(set(outputs)) != len(outputs):
+        if not any(o.endswith(_UNIT_SUFFIXES) for o in outputs) or len(set(outputs)) != len(outputs):
             raise ValueError(f"family {self.name!r}: rendered names {outputs} need a translation unit, no duplicates")
         if any("/" in o or not o.endswith(_SOURCE_SUFFIXES) for o in outputs):
             raise ValueError(f"family {self.name!r}: rendered names must be plain files ending in {_SOURCE_SUFFIXES}")
@@ -91,7 +96,7 @@ class Family:
             items = self.space.items() if isinstance(self.space, Mapping) else self.space
             space = tuple((str(k), tuple(v)) for k, v in items)
             for pname, values in space:
-                if pname in RESERVED_PARAMS or not _NAME.fullmatch(pname):
+                if not _param_name_ok(pname):
                     raise ValueError(f"family {self.name!r}: bad parameter name {pname!r}")
                 if not values or not all(isinstance(v, (int, str)) for v in values):
                     raise ValueError(f"family {self.name!r}: parameter {pname!r} needs int/str/bool values")
@@ -112,7 +117,7 @@ class Family:
                     raise ValueError(f"{self.name}: {pname}={value!r} is not one of {list(allowed)}")
         else:
             for pname, value in params.items():
-                if pname in RESERVED_PARAMS or not _NAME.fullmatch(pname) or not isinstance(value, (int, str)):
+                if not _param_name_ok(pname) or not isinstance(value, (int, str)):
                     raise ValueError(f"{self.name}: bad parameter {pname}={value!r} (lower-case name; int, str "
                                      f"or bool value; not one of {sorted(RESERVED_PARAMS)})")
         if self.validate is not None:

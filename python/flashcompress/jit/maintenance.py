@@ -21,14 +21,13 @@ below a root that carries flashcompress's ``CACHEDIR.TAG``.  Imports the engine
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cache import CACHEDIR_TAG, STALE_STAGING_SECONDS, Entry, file_sha256, package_version, read_manifest, \
-    remove_tree, scan
-from .engine import resolve
+from .cache import (CACHEDIR_TAG, STALE_STAGING_SECONDS, Entry, file_sha256, package_version, read_manifest,
+                    remove_tree, scan, tree_size)
+from .engine import load_checked, resolve
 from .errors import UnknownFamily
 from .family import get_family
 from .variant import VariantKey
@@ -130,11 +129,11 @@ def clean(root: Path, *, stale_only: bool) -> tuple[list[Path], int]:
     for child in sorted(root.iterdir()):
         if child.name == CACHEDIR_TAG:
             continue
-        size = (sum(e.stat().st_size for e in child.rglob("*") if e.is_file()) if child.is_dir()
-                else child.stat().st_size)
         if child.is_dir():
-            shutil.rmtree(child, ignore_errors=True)
+            size = tree_size(child)
+            remove_tree(child)
         else:
+            size = child.stat().st_size
             child.unlink(missing_ok=True)
         removed.append(child)
         freed += size
@@ -155,14 +154,8 @@ def verify_entry(leaf: Path) -> tuple[bool, str]:
         return False, f"{lib.name}: size {size} != manifest {info.get('size')}"
     if file_sha256(lib) != info.get("sha256"):
         return False, f"{lib.name}: sha256 mismatch"
-    import tvm_ffi
-
-    try:
-        module = tvm_ffi.load_module(str(lib))
-    except Exception as exc:  # noqa: BLE001
-        return False, f"load failed: {exc}"
-    missing = [name for name in manifest.get("exports", []) if not module.implements_function(name)]
-    return (False, f"missing exports {missing}") if missing else (True, "ok")
+    _, problem = load_checked(lib, manifest.get("exports", []))
+    return (False, problem) if problem else (True, "ok")
 
 
 def verify(root: Path) -> list[tuple[Classified, bool, str]]:

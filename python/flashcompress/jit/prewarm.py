@@ -12,7 +12,6 @@ prewarms everything a deployment may need.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -98,25 +97,18 @@ def variant_set(
     return list(keys)
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
-
-
 def prewarm_jobs(requested: int | None = None) -> tuple[int, str | None]:
     """Compiler processes for a prewarm, and a note when a cap applied.
 
     ``requested`` (``-j N``, N >= 1) or, when None, the ``jobs`` setting; either is capped by
     available memory (~2 GiB per compiler, ``cache.jobs``) and by the CPU cores.
     """
-    from .cache import jobs
+    from .cache import cpu_cores, jobs
 
     if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested < 1):
         raise ValueError(f"jobs: expected an int >= 1, got {requested!r}")
     n, note = jobs(requested or 0)
-    cores = _cores()
+    cores = cpu_cores()
     if requested and n > cores:
         return cores, f"-j {requested} capped to {cores} by CPU cores"
     return n, note
@@ -185,9 +177,7 @@ def warm_launch(results: Sequence[PrewarmResult]) -> int:
 
     Returns how many were launched; a no-op without a GPU.  Errors are recorded in ``result.warmup``.
     """
-    import torch
-
-    if not torch.cuda.is_available():
+    if warm_launch_skipped(results) is not None:
         return 0
     current = detect_target()
     launched = 0

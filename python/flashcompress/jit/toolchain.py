@@ -7,10 +7,9 @@ compiler alone and works on a machine without any GPU toolkit.
 The cache key includes the ``--version`` output of the device compiler (nvcc or
 hipcc) and of the host compiler.  When either cannot be found or probed,
 ``get_toolchain`` raises ``ToolchainUnavailable`` (a ``FileNotFoundError``) naming
-every missing compiler; the engine then looks entries up without the compiler
-versions (see ``engine.resolve``), so a prewarmed cache loads on a machine
-without the toolkit.  Running them costs ~10 ms, too much for a
-cache hit in a fresh process, so their output is memoised on disk under
+every missing compiler (``engine.resolve`` then loads entries built by any compiler).
+Running them costs ~10 ms, too much for a cache hit in a fresh process, so their
+output is memoised on disk under
 ``<cache root>/.toolchain/`` keyed by the resolved binary's path, size, inode
 and mtime: a reinstalled compiler is a different file and is probed again.
 
@@ -30,6 +29,8 @@ import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+from .cache import write_atomic
 
 __all__ = ["Toolchain", "ToolchainUnavailable", "TvmFfiInfo", "clear_toolchain_memo", "get_toolchain", "tvm_ffi_info"]
 
@@ -114,11 +115,16 @@ class Toolchain:
         return {"backend": self.backend, "device": self.device_version, "host": self.host_version}
 
 
+def _env_root(*variables: str) -> Path | None:
+    """The first of these environment variables that is set, as a path."""
+    value = next((os.environ[v] for v in variables if os.environ.get(v)), None)
+    return Path(value) if value else None
+
+
 def _cuda_root() -> Path:
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        value = os.environ.get(var)
-        if value:
-            return Path(value)
+    root = _env_root("CUDA_HOME", "CUDA_PATH")
+    if root is not None:
+        return root
     nvcc = shutil.which("nvcc")
     if nvcc:
         candidate = Path(os.path.realpath(nvcc)).parent.parent
@@ -128,11 +134,7 @@ def _cuda_root() -> Path:
 
 
 def _rocm_root() -> Path:
-    for var in ("ROCM_HOME", "ROCM_PATH"):
-        value = os.environ.get(var)
-        if value:
-            return Path(value)
-    return Path("/opt/rocm")
+    return _env_root("ROCM_HOME", "ROCM_PATH") or Path("/opt/rocm")
 
 
 def _host_compiler_name() -> str:
@@ -170,11 +172,9 @@ def _probe_version(binary: Path, cache_dir: Path | None, extra_env: dict[str, st
     if memo is not None:
         try:
             memo.parent.mkdir(parents=True, exist_ok=True)
-            tmp = memo.with_name(f".{memo.name}.{os.urandom(8).hex()}.tmp")  # unique per thread and process
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, memo)
         except OSError:
-            pass  # read-only cache: probe again next process
+            return text  # read-only cache: probe again next process
+        write_atomic(memo, text)
     return text
 
 

@@ -1,4 +1,5 @@
-"""The ``selftest`` JIT family: a tiny add-a-constant kernel that exercises the whole JIT path.
+"""The ``selftest`` JIT family: the test-only kernels, a tiny add-a-constant kernel that exercises
+the whole JIT path and a probe of the device encoders.
 
 Params: ``value`` (int in [-1000, 1000], added to every element) and ``block``
 (int > 0, threads per block; the header static_asserts a positive multiple of 32
@@ -7,7 +8,9 @@ No ``space``: any such ints are variants, and the family is not part of ``prewar
 
 Exports: ``add_value(in, out)`` (GPU, current stream), ``add_value_cpu(in, out)``
 (host reference, so tests can call a built module without a GPU),
-``variant_value()``, ``variant_block()``, ``variant_arch()``.
+``quant_probe(x, out)`` (GPU: the codes of ``jit_kernel/quant.cuh``'s device encoders for
+fp32 ``x [n]`` into uint8 ``out [n, 4]``: fp8 e4m3, e2m1 threshold code, bf16 bits; see
+``jit_kernel/selftest.cuh``), ``variant_value()``, ``variant_block()``, ``variant_arch()``.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ SELFTEST = register_family(
             ("selftest_kernel.cu.j2", "kernel.cu"),
             ("selftest_binding.cpp.j2", "binding.cpp"),
         ),
-        exports=("add_value", "add_value_cpu", "variant_value", "variant_block", "variant_arch"),
+        exports=("add_value", "add_value_cpu", "quant_probe", "variant_value", "variant_block", "variant_arch"),
         warmup=_warmup,
     ),
     validate=_validate,
