@@ -114,88 +114,13 @@ struct TypeOf<DType::kBF16> {
   using type = bf16_t;
 };
 
-// The cluster's entry phase: a block may touch another block's shared memory only once that
-// block has started (and set up its barriers). Every thread arrives on entry (relaxed: it
-// publishes nothing; cluster_entry), and a thread waits on that phase before its first
-// distributed-shared-memory access (store_pooled_row).
-__device__ __forceinline__ void cluster_arrive_relaxed() {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
-#endif
-}
-
-// Wait until every thread of the cluster has arrived at this thread's last phase (acquire).
-__device__ __forceinline__ void cluster_wait() {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-#endif
-}
-
-// The cluster store's exchange of partial sums through mbarriers (CUDA, sm_90): each block has
-// two (rows alternate); a phase completes with one local arrival (expecting kCSplit x 8 bytes)
-// and the asynchronous remote stores of every block's partial sum. Only the storing warp waits.
-#if !FC_GPU_HIP
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_addr(bar)), "r"(count) : "memory");
-#endif
-}
-
-// Make the barriers' initialisation visible to the cluster (before the entry arrive).
-__device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-
-// Store v into block `rank`'s copy of *dst by an asynchronous remote store that completes 8
-// bytes of the transaction count of that block's copy of *bar (no fence: the barrier's phase
-// completion makes the bytes visible to its waiters).
-__device__ __forceinline__ void remote_store_async(double* dst, uint64_t* bar, double v, uint32_t rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t rdst, rbar;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rdst) : "r"(smem_addr(dst)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rbar) : "r"(smem_addr(bar)), "r"(rank));
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];" ::"r"(rdst),
-               "l"(__double_as_longlong(v)), "r"(rbar)
-               : "memory");
-#endif
-}
-
-// The local arrival of a phase, expecting `bytes` of asynchronous stores.
-__device__ __forceinline__ void mbar_arrive_expect(uint64_t* bar, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-#endif
-}
-
-// Wait until phase `phase` (0 / 1) of the local barrier completes.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t done = 0;
-  do {
-    asm volatile(
-        "{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-        "selp.u32 %0, 1, 0, p;\n\t}"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(phase)
-        : "memory");
-  } while (!done);
-#endif
-}
-#endif  // !FC_GPU_HIP
-
 // Thread block clusters: the target's (FC_HAS_CLUSTERS, gpu_runtime.h), unless the A/B and test
 // knob FC_FORCE_NO_CLUSTERS makes an sm_90 build tile C128 rows as targets without them do.
 #ifndef FC_FORCE_NO_CLUSTERS
 #define FC_FORCE_NO_CLUSTERS 0
 #endif
 #define FC_CLUSTER_TILING (FC_HAS_CLUSTERS && !FC_FORCE_NO_CLUSTERS && !FC_GPU_HIP)
-inline constexpr bool kHasClusters = FC_CLUSTER_TILING;
+inline constexpr bool kClusterTiling = FC_CLUSTER_TILING;
 
 // ------------------------------------------------------------------------------------------
 // Configuration of one variant and one pass
@@ -231,7 +156,7 @@ struct Cfg {
   // pooled by one block: the whole row, 4 splits of 32 entries, 512 threads. Stored or not, so
   // that compress_and_store and compress_forward pool a row in the same order (the fused path
   // writes the two-step path's bytes) on every target.
-  static constexpr bool kWholeRow = !kHasClusters && kWide;
+  static constexpr bool kWholeRow = !kClusterTiling && kWide;
   static constexpr int kChans = (!kWide || kWholeRow) ? H : (kDecode ? 64 : 128);
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
@@ -244,16 +169,12 @@ struct Cfg {
   static constexpr int kTeamThreads = kVecs * kSplit;
   static constexpr int kTeams = kTeamThreads >= 128 ? 1 : 128 / kTeamThreads;
   static constexpr int kThreads = kTeams * kTeamThreads;
-#if FC_GPU_HIP
-  // __launch_bounds__' second argument is the minimum waves per SIMD on HIP, not blocks per SM:
-  // the same residency (2 blocks of 512, 6 of 128 for C4 prefill) on a CDNA CU (4 SIMDs,
-  // wave64).
-  static constexpr int kMinBlocks0 = kThreads >= 512 ? 2 : (kRatio == 4 && !kDecode ? 6 : 1);
-  static constexpr int kMinBlocks = kMinBlocks0 * kThreads / 256 > 1 ? kMinBlocks0 * kThreads / 256 : 1;
-#else
-  // C4 decode: 4 blocks per SM (<= 128 registers), so a 512-request batch is one request per team.
-  static constexpr int kMinBlocks = kThreads >= 512 ? 2 : (kRatio == 4 ? (kDecode ? 4 : 6) : 1);
-#endif
+  // Resident blocks the register budget must allow: two 512-thread blocks, six C4 prefill
+  // blocks; C4 decode four per SM on CUDA (<= 128 registers: a 512-request batch is one request
+  // per team), no bound on HIP.
+  static constexpr int kBlocksPerSm = kThreads >= 512 ? 2 : (kRatio == 4 ? (kDecode ? 4 : 6) : 1);
+  static constexpr int kBlocksPerCu = kRatio == 4 && kDecode ? 1 : kBlocksPerSm;
+  static constexpr int kMinBlocks = launch_min_blocks(kBlocksPerSm, kBlocksPerCu, kThreads);
   // Batches of a split unrolled at once: all, except the 16 of a whole-row split (fully
   // unrolled they spill: clang-19, gfx942 decode 256 VGPRs + scratch, 127 and none rolled).
   static constexpr int kUnroll = kWholeRow ? 1 : kPerSplit / kBatch;
@@ -298,7 +219,7 @@ struct Cfg {
   static_assert(kThreads <= 1024, "block too large");
   static_assert(!kOnline || (kRatio == 128 && kIn == DType::kF32 && kOut == DType::kF32),
                 "online compression is ratio 128 with fp32 input and output");
-  static_assert(kHasClusters || !kCluster, "no thread block clusters on this target: store variants need kCSplit 1");
+  static_assert(kClusterTiling || !kCluster, "no thread block clusters on this target: store variants need kCSplit 1");
 };
 
 // Running softmax state of one channel: max, sum of exp, sum of exp * kv.
@@ -315,13 +236,7 @@ __device__ __forceinline__ Acc acc_empty() { return Acc{-INFINITY, 0.f, 0.f}; }
 template <bool kFast>
 __device__ __forceinline__ float exp_(float x) {
   if constexpr (kFast) {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__)
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
-    return y;
-#else
-    return __expf(x);
-#endif
+    return fast_exp(x);
   } else {
     return expf(x);
   }
@@ -428,11 +343,7 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
     st_b = state + (w.page1 * 4 - 4) * C::kStateWidth + c;
     in_e0 = input + (w.q_first + e0) * C::kInWidth + c;
   }
-#if FC_CLUSTER_TILING
-#pragma unroll
-#else
 #pragma unroll C::kUnroll
-#endif
   for (int b0 = 0; b0 < C::kPerSplit; b0 += B) {
     // Where each entry comes from: 0 = padding, 1 = input row, 2 = state row, 3 = the state row
     // this launch writes (read from its input row, rounded through TState).
@@ -543,16 +454,12 @@ struct Smem {
 // thread arrives at the entry phase (the storing warp waits on it before its first remote access).
 template <class C>
 __device__ __forceinline__ void cluster_entry(Smem<C>& sm) {
-#if !FC_GPU_HIP
   if (threadIdx.x == 0) {
     mbar_init(&sm.sum_bar[0], 1);
     mbar_init(&sm.sum_bar[1], 1);
     mbar_init_fence();
   }
   cluster_arrive_relaxed();
-#else
-  (void)sm;
-#endif
 }
 
 template <class C>
@@ -560,16 +467,7 @@ __device__ __forceinline__ void team_sync() {
   if constexpr (C::kTeams == 1) {
     __syncthreads();
   } else {
-#if FC_GPU_HIP
-    // A 32-thread team is 32 aligned lanes of one wavefront (wave32 or wave64), which executes
-    // in lockstep: order its shared-memory accesses (wavefront-scope fences) and keep the
-    // compiler from moving them across (wave barrier). Teams may diverge, so no __syncthreads.
-    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
-    __builtin_amdgcn_wave_barrier();
-    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
-#else
-    __syncwarp();
-#endif
+    lane32_sync();  // a multi-team block has one warp per team (teams may diverge)
   }
 }
 
@@ -726,20 +624,11 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
     team_sync<C>();
     const int k = u / C::kLanes, lane = u % C::kLanes;
     Acc r = acc_empty();
-#if FC_GPU_HIP
-    // The same partials in the same order, with a constant trip count (clang warns that it cannot
-    // unroll the loop below, whose start is the lane).
-#pragma unroll
-    for (int j = 0; j < C::kSplit / C::kLanes; ++j) {
-      const int sp = lane + j * C::kLanes;
-      r = acc_merge<C::kFastExp>(r, Acc{sm.m[team][sp][k], sm.s[team][sp][k], sm.n[team][sp][k]});
-    }
-#else
+    // kLanes threads per channel, each merging kSplit / kLanes partials
 #pragma unroll
     for (int sp = lane; sp < C::kSplit; sp += C::kLanes) {
       r = acc_merge<C::kFastExp>(r, Acc{sm.m[team][sp][k], sm.s[team][sp][k], sm.n[team][sp][k]});
     }
-#endif
 #pragma unroll
     for (int mask = C::kLanes / 2; mask >= 1; mask /= 2) {
       const Acc o{shfl_xor(r.m, mask, C::kLanes), shfl_xor(r.s, mask, C::kLanes),
@@ -795,7 +684,6 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
   if constexpr (C::kStoreRows) {
     // The row (slice) is complete in shared memory (decode with splits: pool_row's last barrier).
     if constexpr (!(C::kDecode && C::kSplit > 1)) team_sync<C>();
-#if !FC_GPU_HIP
     if constexpr (C::kCluster) {
       if (entry_pending && u < 32) {  // the storing warp, before its first remote access
         cluster_wait();               // every block has started and set up its barriers
@@ -828,7 +716,6 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
           });
       return;
     }
-#endif
     (void)rank;
     (void)row_count;
     (void)entry_pending;

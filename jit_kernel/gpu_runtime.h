@@ -49,6 +49,14 @@
 #include <cuda_runtime.h>
 #endif
 
+// FC_CUDA_DEVICE_ARCH: __CUDA_ARCH__ in the device pass of a CUDA compile, else 0 (host passes,
+// HIP), so that `#if FC_CUDA_DEVICE_ARCH >= 900` guards an NVIDIA instruction.
+#if !FC_GPU_HIP && defined(__CUDA_ARCH__)
+#define FC_CUDA_DEVICE_ARCH __CUDA_ARCH__
+#else
+#define FC_CUDA_DEVICE_ARCH 0
+#endif
+
 // FC_ENABLE_PDL: 1 iff the kernel TU launches its kernels as programmatic dependents (the
 // templates set it for CUDA targets sm_90 and up; 0 by default and on HIP).
 #ifndef FC_ENABLE_PDL
@@ -112,79 +120,6 @@ inline gpuError_t gpu_launch_ex(void (*kernel)(Arg), unsigned grid, unsigned blo
   cfg.attrs = attrs;
   cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, arg);
-}
-#endif
-
-// Programmatic dependent launch (CUDA, sm_90+; no-ops elsewhere). A kernel launched with
-// cudaLaunchAttributeProgrammaticStreamSerialization may start while the previous kernel of its
-// stream still runs: it must call pdl_wait() before its first global-memory access (the wait
-// returns once every prerequisite grid has completed and its memory is visible; without the
-// attribute it returns at once). pdl_launch_dependents() lets the next such kernel of the stream
-// start; that kernel's pdl_wait still waits for this grid to complete. Never before this
-// kernel's own pdl_wait: a dependent may read, before its wait, what the kernel two back wrote.
-#if defined(__CUDACC__) || defined(__HIPCC__)
-__device__ __forceinline__ void pdl_wait() {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" :::);
-#endif
-}
-
-// When a kernel lets the next one launch: right after its wait (kEarly: pdl_enter) or once a
-// block has done its work (pdl_leave). Each kernel chooses (benchmarks/RESULTS.md, session 10:
-// early wins where the grid fills every block slot, the standalone store and C4 decode; late
-// wins for online C128 decode, whose 512-block grid leaves slots to the next launch's blocks,
-// which then wait there). FC_PDL_TRIGGER_AT_ENTRY (an A/B knob, scripts/ab_bench.sh -D): -1 each
-// kernel's choice, 0 / 1 late / early everywhere.
-#ifndef FC_PDL_TRIGGER_AT_ENTRY
-#define FC_PDL_TRIGGER_AT_ENTRY -1
-#endif
-template <bool kEarly>
-inline constexpr bool kPdlEarly = FC_PDL_TRIGGER_AT_ENTRY < 0 ? kEarly : FC_PDL_TRIGGER_AT_ENTRY != 0;
-
-// Before a programmatic dependent's wait: read kernel parameters (one value from each 32-byte
-// span of the parameter block, folded by the caller) so that their constant-cache misses overlap
-// the previous kernel instead of delaying the first load after the wait (session 11's ncu: 9-11%
-// of the stall samples of decode kernels were such misses right after the wait). Lane 0 of each
-// warp stores the folded value to a shared sink, an instruction ptxas keeps. An A/B knob:
-// FC_PDL_WARM_PARAMS 0 leaves it out.
-#ifndef FC_PDL_WARM_PARAMS
-#define FC_PDL_WARM_PARAMS 1
-#endif
-__device__ __forceinline__ void pdl_warm_params(uint64_t folded) {
-#if FC_PDL_WARM_PARAMS && !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  __shared__ uint64_t sink;
-  if ((threadIdx.x & 31) == 0) {
-    asm volatile("st.shared.u64 [%0], %1;" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(&sink))),
-                 "l"(folded));
-  }
-#else
-  (void)folded;
-#endif
-}
-
-// Fold values of any integer or pointer type for pdl_warm_params.
-template <class... T>
-__device__ __forceinline__ uint64_t fold_params(T... v) {
-  return (uint64_t{0} ^ ... ^ (uint64_t)(v));
-}
-
-// The start of a programmatic dependent: wait for the previous kernel (then maybe trigger).
-template <bool kEarly>
-__device__ __forceinline__ void pdl_enter() {
-  pdl_wait();
-  if constexpr (kPdlEarly<kEarly>) pdl_launch_dependents();
-}
-
-// A block's work is done: the next kernel may launch (its prologue overlaps this grid's tail).
-template <bool kEarly>
-__device__ __forceinline__ void pdl_leave() {
-  if constexpr (!kPdlEarly<kEarly>) pdl_launch_dependents();
 }
 #endif
 
