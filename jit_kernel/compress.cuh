@@ -89,12 +89,12 @@
 // sync with a wavefront barrier; the rest is the CUDA code.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
 #include "compress_launch.h"
 #include "gpu_runtime.h"
+#include "launch.h"
 #include "plan.cuh"
 #include "store.cuh"
 #include "vec.cuh"
@@ -1050,95 +1050,6 @@ __global__ void __launch_bounds__(256) write_kernel(const CompressArgs a) {
 // Launch
 // ------------------------------------------------------------------------------------------
 
-// A kernel of the family with its launch shape: block size and cluster size. setup() returns how
-// many of its blocks the current device runs at once (queried once per device and cached). A
-// cluster kernel counts whole clusters: a cluster must fit in one GPC, so fewer blocks than SMs x
-// blocks-per-SM may be resident (H200: 8-block clusters of 512-thread blocks leave some SMs'
-// slots unused), and a grid sized from the per-SM figure would run one cluster in a second wave.
-// One static Kernel per configuration (CompressLaunch::run).
-struct Kernel {
-  using Fn = void (*)(const CompressArgs);
-  static constexpr int kMaxDevices = 64;
-
-  Fn fn;
-  unsigned threads;
-  int cluster;
-  mutable std::atomic<int64_t> resident[kMaxDevices];  // 0: not yet set up on that device
-
-  Kernel(Fn f, int block, int cluster_blocks) : fn(f), threads(static_cast<unsigned>(block)), cluster(cluster_blocks) {
-    for (auto& r : resident) r.store(0, std::memory_order_relaxed);
-  }
-
-  // Resident blocks on the current device (> 0), or the negated runtime error.
-  int64_t setup() const {
-    int dev = 0;
-    const gpuError_t e = gpuGetDevice(&dev);
-    if (e != gpuSuccess) return -static_cast<int64_t>(e);
-    if (dev >= 0 && dev < kMaxDevices) {
-      const int64_t r = resident[dev].load(std::memory_order_relaxed);
-      if (r > 0) return r;
-    }
-    const int64_t r = query(dev);
-    if (r > 0 && dev >= 0 && dev < kMaxDevices) resident[dev].store(r, std::memory_order_relaxed);
-    return r;
-  }
-
-  gpuError_t launch(unsigned grid, bool pdl, gpuStream_t stream, const CompressArgs& args) const {
-    if (grid == 0) return gpuSuccess;
-    const int64_t ready = setup();
-    if (ready <= 0) return static_cast<gpuError_t>(-ready);
-#if FC_GPU_HIP
-    (void)pdl;
-    hipLaunchKernelGGL(fn, dim3(grid), dim3(threads), 0, stream, args);
-    return hipGetLastError();
-#else
-    return gpu_launch_ex(fn, grid, threads, cluster, pdl, stream, args);
-#endif
-  }
-
- private:
-  int64_t query(int dev) const {
-    int sms = 0, per_sm = 0;
-#if FC_GPU_HIP
-    if (hipDeviceGetAttribute(&sms, hipDeviceAttributeMultiprocessorCount, dev) != hipSuccess ||
-        hipOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, static_cast<int>(threads), 0) != hipSuccess) {
-      (void)hipGetLastError();
-      return 1;
-    }
-#else
-    if (cluster > 1) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = dim3(static_cast<unsigned>(cluster));
-      cfg.blockDim = dim3(threads);
-      cudaLaunchAttribute attr{};
-      attr.id = cudaLaunchAttributeClusterDimension;
-      attr.val.clusterDim.x = static_cast<unsigned>(cluster);
-      attr.val.clusterDim.y = 1;
-      attr.val.clusterDim.z = 1;
-      cfg.attrs = &attr;
-      cfg.numAttrs = 1;
-      int clusters = 0;
-      if (cudaOccupancyMaxActiveClusters(&clusters, fn, &cfg) != cudaSuccess || clusters <= 0) {
-        (void)cudaGetLastError();
-        return cluster;
-      }
-      return static_cast<int64_t>(clusters) * cluster;
-    }
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, static_cast<int>(threads), 0) != cudaSuccess) {
-      (void)cudaGetLastError();
-      return 1;
-    }
-#endif
-    return static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
-  }
-};
-
-// Decode grid: this many waves of resident blocks (requests per team follow from the batch).
-#ifndef FC_DECODE_WAVES
-#define FC_DECODE_WAVES 1
-#endif
-
 template <class C>
 unsigned row_grid(int64_t rows, int64_t rows_per_team) {
   const int64_t per = C::kTeams * rows_per_team;
@@ -1152,29 +1063,30 @@ template <int kRatio, bool kOnline, int kHeadDim, DType kIn, DType kState, DType
 gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt>::run(
     const CompressArgs& a, gpuStream_t stream) {
   using namespace compress;
-  constexpr bool kPdl = FC_ENABLE_PDL != 0;
   if (a.is_decode) {
     // As many requests per team as make the grid one wave of resident blocks: a request that
     // closes no window costs only its row copy, so fewer, fuller blocks finish sooner.
     using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kDecode>;
-    static const Kernel kernel{decode_kernel<C>, C::kThreads, C::kCluster ? C::kCSplit : 1};
-    constexpr int64_t kWaves = FC_DECODE_WAVES;
-    const int64_t teams = kWaves * kernel.setup() / C::kCSplit * C::kTeams;  // <= 0: launch reports it
+    constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
+    const int64_t resident = KernelOccupancy<decode_kernel<C>>::resident(C::kThreads, kCluster);
+    if (resident <= 0) return static_cast<gpuError_t>(-resident);
+    const int64_t teams = resident / C::kCSplit * C::kTeams;
     CompressArgs d = a;
     d.reqs_per_team = teams > 0 ? (a.rows + teams - 1) / teams : 1;
-    return kernel.launch(row_grid<C>(a.rows, d.reqs_per_team), kPdl, stream, d);
+    return launch_kernel(decode_kernel<C>, {row_grid<C>(a.rows, d.reqs_per_team), C::kThreads, 0, kCluster, kPdlLaunch},
+                         stream, d);
   }
   using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kPrefill>;
-  static const Kernel pool{prefill_kernel<C>, C::kThreads, C::kCluster ? C::kCSplit : 1};
-  gpuError_t err = pool.launch(row_grid<C>(a.rows, 1), kPdl, stream, a);
+  constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
+  gpuError_t err = launch_kernel(prefill_kernel<C>, {row_grid<C>(a.rows, 1), C::kThreads, 0, kCluster, kPdlLaunch},
+                                 stream, a);
   if (err != gpuSuccess) return err;
   if constexpr (kOnline) {
     using CW = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kOnlineWrite>;
-    static const Kernel write{prefill_kernel<CW>, CW::kThreads, 1};
-    return write.launch(row_grid<CW>(a.rows_w, 1), kPdl, stream, a);
+    return launch_kernel(prefill_kernel<CW>, {row_grid<CW>(a.rows_w, 1), CW::kThreads, 0, 1, kPdlLaunch}, stream, a);
   } else {
-    static const Kernel write{write_kernel<C>, 256, 1};
-    return write.launch(static_cast<unsigned>((a.rows_w + 7) / 8), kPdl, stream, a);
+    return launch_kernel(write_kernel<C>, {static_cast<unsigned>((a.rows_w + 7) / 8), 256, 0, 1, kPdlLaunch}, stream,
+                         a);
   }
 }
 

@@ -18,10 +18,7 @@
 // Names (namespace flashcompress; host-only functions, thin inline wrappers of the runtime):
 //   gpuError_t, gpuStream_t, gpuSuccess
 //   gpuGetLastError(), gpuGetErrorString(e), gpuGetErrorName(e), gpuGetDevice(&d), gpuSetDevice(d)
-//   CUDA only: gpu_launch_ex(kernel, grid, block, cluster, pdl, stream, arg) (cudaLaunchKernelEx
-//   with the cluster and programmatic-dependent-launch attributes)
-// Kernel launches keep the triple-chevron syntax (kernel<<<grid, block, smem, stream>>>), which
-// nvcc and hip-clang both accept; launch configurations are plain unsigned ints.
+// Kernel launches: launch.h (launch_kernel, one path for every family).
 //
 // Warp / wavefront size: 32 lanes on NVIDIA, 64 on CDNA (gfx9: gfx90a, gfx94x), 32 or 64 on
 // RDNA. Kernel code must not assume 32 lanes: no 32-bit lane masks, no __shfl*_sync /
@@ -92,35 +89,6 @@ inline const char* gpuGetErrorName(gpuError_t e) { return cudaGetErrorName(e); }
 inline gpuError_t gpuGetDevice(int* device) { return cudaGetDevice(device); }
 inline gpuError_t gpuSetDevice(int device) { return cudaSetDevice(device); }
 
-// Launch kernel(arg) on `stream` (grid x block threads, no dynamic shared memory): `cluster`
-// blocks per thread block cluster when > 1, and with `pdl` as a programmatic dependent of the
-// stream's previous kernel (the kernel must pdl_wait before its first global-memory access).
-template <class Arg>
-inline gpuError_t gpu_launch_ex(void (*kernel)(Arg), unsigned grid, unsigned block, int cluster, bool pdl,
-                                gpuStream_t stream, const Arg& arg) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(grid);
-  cfg.blockDim = dim3(block);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attrs[2];
-  unsigned n = 0;
-  if (cluster > 1) {
-    attrs[n].id = cudaLaunchAttributeClusterDimension;
-    attrs[n].val.clusterDim.x = static_cast<unsigned>(cluster);
-    attrs[n].val.clusterDim.y = 1;
-    attrs[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (pdl) {
-    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attrs;
-  cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, kernel, arg);
-}
 #endif
 
 }  // namespace flashcompress
