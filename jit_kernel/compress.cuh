@@ -114,14 +114,6 @@ struct TypeOf<DType::kBF16> {
   using type = bf16_t;
 };
 
-// Thread block clusters: the target's (FC_HAS_CLUSTERS, gpu_runtime.h), unless the A/B and test
-// knob FC_FORCE_NO_CLUSTERS makes an sm_90 build tile C128 rows as targets without them do.
-#ifndef FC_FORCE_NO_CLUSTERS
-#define FC_FORCE_NO_CLUSTERS 0
-#endif
-#define FC_CLUSTER_TILING (FC_HAS_CLUSTERS && !FC_FORCE_NO_CLUSTERS && !FC_GPU_HIP)
-inline constexpr bool kClusterTiling = FC_CLUSTER_TILING;
-
 // ------------------------------------------------------------------------------------------
 // Configuration of one variant and one pass
 // ------------------------------------------------------------------------------------------
@@ -129,7 +121,7 @@ inline constexpr bool kClusterTiling = FC_CLUSTER_TILING;
 enum class Pass : int { kDecode = 0, kPrefill = 1, kOnlineWrite = 2 };
 
 template <int kRatio_, bool kOnline_, int kHeadDim_, DType kIn, DType kState, DType kOut,
-          StoreFormat kFmt_, Pass kPass_>
+          StoreFormat kFmt_, Tiling kTiling, Pass kPass_>
 struct Cfg {
   static constexpr int kRatio = kRatio_;
   static constexpr bool kOnline = kOnline_;
@@ -152,11 +144,11 @@ struct Cfg {
   // blocks, 16 splits of 8 entries: fewer, longer-lived blocks for bandwidth).
   static constexpr bool kOnlineDecode = kOnline && kDecode;
   static constexpr bool kWide = kRatio == 128 && !kOnlineDecode;
-  // Without thread block clusters (HIP, CUDA before sm_90, FC_FORCE_NO_CLUSTERS) a C128 row is
+  // Without thread block clusters (HIP, CUDA before sm_90, Tiling::kWholeRow) a C128 row is
   // pooled by one block: the whole row, 4 splits of 32 entries, 512 threads. Stored or not, so
   // that compress_and_store and compress_forward pool a row in the same order (the fused path
   // writes the two-step path's bytes) on every target.
-  static constexpr bool kWholeRow = !kClusterTiling && kWide;
+  static constexpr bool kWholeRow = (!kHasClusters || kTiling == Tiling::kWholeRow) && kWide;
   static constexpr int kChans = (!kWide || kWholeRow) ? H : (kDecode ? 64 : 128);
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
@@ -219,7 +211,7 @@ struct Cfg {
   static_assert(kThreads <= 1024, "block too large");
   static_assert(!kOnline || (kRatio == 128 && kIn == DType::kF32 && kOut == DType::kF32),
                 "online compression is ratio 128 with fp32 input and output");
-  static_assert(kClusterTiling || !kCluster, "no thread block clusters on this target: store variants need kCSplit 1");
+  static_assert(kHasClusters || !kCluster, "no thread block clusters on this target: store variants need kCSplit 1");
 };
 
 // Running softmax state of one channel: max, sum of exp, sum of exp * kv.
@@ -1059,14 +1051,14 @@ unsigned row_grid(int64_t rows, int64_t rows_per_team) {
 }  // namespace compress
 
 template <int kRatio, bool kOnline, int kHeadDim, DType kIn, DType kState, DType kOut,
-          StoreFormat kFmt>
-gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt>::run(
+          StoreFormat kFmt, Tiling kTiling>
+gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling>::run(
     const CompressArgs& a, gpuStream_t stream) {
   using namespace compress;
   if (a.is_decode) {
     // As many requests per team as make the grid one wave of resident blocks: a request that
     // closes no window costs only its row copy, so fewer, fuller blocks finish sooner.
-    using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kDecode>;
+    using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kDecode>;
     constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
     const int64_t resident = KernelOccupancy<decode_kernel<C>>::resident(C::kThreads, kCluster);
     if (resident <= 0) return static_cast<gpuError_t>(-resident);
@@ -1076,13 +1068,13 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt>::r
     return launch_kernel(decode_kernel<C>, {row_grid<C>(a.rows, d.reqs_per_team), C::kThreads, 0, kCluster, kPdlLaunch},
                          stream, d);
   }
-  using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kPrefill>;
+  using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kPrefill>;
   constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
   gpuError_t err = launch_kernel(prefill_kernel<C>, {row_grid<C>(a.rows, 1), C::kThreads, 0, kCluster, kPdlLaunch},
                                  stream, a);
   if (err != gpuSuccess) return err;
   if constexpr (kOnline) {
-    using CW = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, Pass::kOnlineWrite>;
+    using CW = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kOnlineWrite>;
     return launch_kernel(prefill_kernel<CW>, {row_grid<CW>(a.rows_w, 1), CW::kThreads, 0, 1, kPdlLaunch}, stream, a);
   } else {
     return launch_kernel(write_kernel<C>, {static_cast<unsigned>((a.rows_w + 7) / 8), 256, 0, 1, kPdlLaunch}, stream,

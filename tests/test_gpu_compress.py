@@ -119,11 +119,13 @@ def _settle_shared_decode_rows(state: torch.Tensor, ref: torch.Tensor, inp: torc
 
 
 class Tee:
-    """A backend module that runs the reference on clones, then the kernels, and compares."""
+    """A backend module that runs the reference on clones, then the kernels (compress variants of
+    the given ``tiling``), and compares."""
 
-    def __init__(self, in_dtype: torch.dtype | None = None):
+    def __init__(self, in_dtype: torch.dtype | None = None, tiling: str = "auto"):
         self.kernel = _cuda_ops()
         self.in_dtype = in_dtype  # cast inputs (both backends see the same cast tensor)
+        self.tiling = tiling
         self.calls = {"compress_forward": 0, "compress_norm_rope_store": 0, "compress_and_store": 0}
 
     def _inputs(self, inp: torch.Tensor, ape: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,7 +141,7 @@ class Tee:
         kw = dict(ratio=ratio, head_dim=head_dim, is_online=is_online)
         torch_ops.compress_forward(ref_state, inp, ape, plan_rows, plan_w, ref_out, **kw)
         kout.fill_(float("nan"))
-        self.kernel.compress_forward(state, inp, ape, plan_rows, plan_w, kout, **kw)
+        self.kernel.compress_forward(state, inp, ape, plan_rows, plan_w, kout, **kw, tiling=self.tiling)
         what = f"compress_forward call {self.calls['compress_forward']} ({'decode' if plan_w is None else 'prefill'})"
         if plan_w is None:
             _settle_shared_decode_rows(state, ref_state, inp, plan_rows, is_online, what)
@@ -160,13 +162,13 @@ class Tee:
         H, ratio = kw["head_dim"], kw["ratio"]
         kv = torch.full((plan_rows.shape[0], H), float("nan"), dtype=inp.dtype, device=inp.device)
         self.kernel.compress_forward(ref_state, inp, ape, plan_rows, plan_w, kv, ratio=ratio, head_dim=H,
-                                     is_online=kw["is_online"])
+                                     is_online=kw["is_online"], tiling=self.tiling)
         if plan_rows.shape[0]:
             self.kernel.compress_norm_rope_store(
                 kv, plan_rows, is_decode=kw["is_decode"], ratio=ratio, norm_weight=kw["norm_weight"],
                 norm_eps=kw["norm_eps"], freq_cis=kw["freq_cis"], out_loc=kw["out_loc"], kvcache=ref_cache,
                 page_size=kw["page_size"], fmt=kw["fmt"])
-        self.kernel.compress_and_store(state, inp, ape, plan_rows, plan_w, **kw)
+        self.kernel.compress_and_store(state, inp, ape, plan_rows, plan_w, **kw, tiling=self.tiling)
         what = f"compress_and_store call {self.calls['compress_and_store']}"
         if kw["is_decode"]:
             _settle_shared_decode_rows(state, ref_state, inp, plan_rows, kw["is_online"], what)
@@ -182,8 +184,8 @@ class Tee:
 
 @pytest.fixture()
 def tee(monkeypatch: pytest.MonkeyPatch):
-    def make(in_dtype: torch.dtype | None = None) -> Tee:
-        t = Tee(in_dtype)
+    def make(in_dtype: torch.dtype | None = None, tiling: str = "auto") -> Tee:
+        t = Tee(in_dtype, tiling)
         monkeypatch.setattr(api, "ops_backend", lambda device: t)
         return t
 
@@ -196,18 +198,23 @@ def _scenarios() -> dict[str, S.Scenario]:
     return SCENARIOS
 
 
+TILINGS = ["auto", "whole_row"]  # the compress family's C128 row tilings (cuda_ops/compress.py)
+
+
+@pytest.mark.parametrize("tiling", TILINGS)
 @pytest.mark.parametrize("name", list(_scenarios()))
 @pytest.mark.parametrize("seed", [0, 1])
-def test_kernels_match_torch_over_engine_simulation(tee, name: str, seed: int) -> None:
-    t = tee()
+def test_kernels_match_torch_over_engine_simulation(tee, name: str, seed: int, tiling: str) -> None:
+    t = tee(tiling=tiling)
     res = S.simulate(_scenarios()[name], device="cuda", seed=seed)
     assert t.calls["compress_forward"] > 0
     assert res.ok, res.summary()
 
 
+@pytest.mark.parametrize("tiling", TILINGS)
 @pytest.mark.parametrize("name", list(_scenarios()))
-def test_fused_matches_two_step_over_engine_simulation(tee, name: str) -> None:
-    t = tee()
+def test_fused_matches_two_step_over_engine_simulation(tee, name: str, tiling: str) -> None:
+    t = tee(tiling=tiling)
     res = S.simulate(dataclasses.replace(_scenarios()[name], fused=True), device="cuda", seed=0)
     assert t.calls["compress_and_store"] > 0
     assert res.ok, res.summary()

@@ -11,6 +11,11 @@ Variant parameters::
     ratio       4 | 128                 online      False | True (ratio 128, head 512)
     head_dim    512 | 128 (ratio 4)     in_dtype / state_dtype / out_dtype   "f32" | "bf16"
     store       "none" (compress_forward) | "v4" | "bf16" (head 512) | "idx_fp8" | "idx_fp4" (head 128)
+    tiling      "auto" (thread block clusters for C128 rows where the target has them) |
+                "whole_row" (one 512-thread block per C128 row, as on targets without clusters)
+
+``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword (default "auto"), so a
+test can run both tilings on one GPU.
 
 A store variant rounds each compressed row to the input dtype (``out_dtype ==
 in_dtype``, the dtype of the two-step path's intermediate) before the store.
@@ -70,7 +75,7 @@ def _presets(model: str) -> list[dict[str, Any]]:
             out.append({"ratio": 128, "online": False, "head_dim": cfg.head_dim, **f32, "store": store})
         for store in ("none", "v4"):
             out.append({"ratio": 128, "online": True, "head_dim": cfg.head_dim, **f32, "store": store})
-    return out
+    return [{**p, "tiling": "auto"} for p in out]
 
 
 def _warmup(key: Any) -> None:
@@ -117,7 +122,9 @@ COMPRESS = register_family(
             "state_dtype": ("f32", "bf16"),
             "out_dtype": ("f32", "bf16"),
             "store": ("none", "v4", "idx_fp8", "idx_fp4", "bf16"),
+            "tiling": ("auto", "whole_row"),
         },
+        defaults={"tiling": "auto"},
         warmup=_warmup,
     ),
     validate=_validate,
@@ -133,16 +140,16 @@ _MODULES: dict[tuple[Any, ...], Any] = module_memo()
 
 
 def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: torch.dtype,
-            out: torch.dtype, store: str) -> Any:
+            out: torch.dtype, store: str, tiling: str) -> Any:
     """The loaded variant, memoised on the call's own values (the launchers look in ``_MODULES``
     themselves first and call this only on a miss)."""
-    memo = (ratio, online, head_dim, inp, state, out, store)
+    memo = (ratio, online, head_dim, inp, state, out, store, tiling)
     module = _MODULES.get(memo)
     if module is None:
         from ..jit import get_module
 
         module = get_module("compress", ratio=ratio, online=online, head_dim=head_dim, in_dtype=_DTYPES[inp],
-                            state_dtype=_DTYPES[state], out_dtype=_DTYPES[out], store=store)
+                            state_dtype=_DTYPES[state], out_dtype=_DTYPES[out], store=store, tiling=tiling)
         _MODULES[memo] = module
     return module
 
@@ -158,12 +165,13 @@ def compress_forward(
     ratio: int,
     head_dim: int,
     is_online: bool,
+    tiling: str = "auto",
 ) -> None:
     """Pool windows into ``out`` and update the state pool (decode: ``plan_w`` is None)."""
     in_dtype = inp.dtype
     if ape.dtype is not in_dtype:
         ape = ape.to(in_dtype)
-    memo = (ratio, is_online, head_dim, in_dtype, state.dtype, out.dtype, "none")
+    memo = (ratio, is_online, head_dim, in_dtype, state.dtype, out.dtype, "none", tiling)
     module = _MODULES.get(memo)
     if module is None:
         module = _module(*memo)
@@ -189,6 +197,7 @@ def compress_and_store(
     kvcache: torch.Tensor,
     page_size: int,
     fmt: CacheFormat,
+    tiling: str = "auto",
 ) -> None:
     """Pool windows, update the state pool and store each compressed row into ``kvcache``: the
     compress kernel with the store epilogue (decode: one launch; prefill: the pooling pass, which
@@ -200,7 +209,7 @@ def compress_and_store(
         norm_weight = norm_weight.to(in_dtype)
     if in_dtype is not torch.float32:  # the kernel reads an fp32 weight
         norm_weight = norm_weight.float()
-    memo = (ratio, is_online, head_dim, in_dtype, state.dtype, in_dtype, fmt.name)
+    memo = (ratio, is_online, head_dim, in_dtype, state.dtype, in_dtype, fmt.name, tiling)
     module = _MODULES.get(memo)
     if module is None:
         module = _module(*memo)
