@@ -32,15 +32,8 @@ constexpr int launch_min_blocks(int blocks_per_sm, int blocks_per_cu, int thread
 }
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
-__device__ __forceinline__ float shfl_xor(float v, int mask, int width) {
-#if FC_GPU_HIP
-  return __shfl_xor(v, mask, width);
-#else
-  return __shfl_xor_sync(0xffffffffu, v, mask, width);
-#endif
-}
-
-__device__ __forceinline__ double shfl_xor(double v, int mask, int width) {
+template <class T>
+__device__ __forceinline__ T shfl_xor(T v, int mask, int width) {
 #if FC_GPU_HIP
   return __shfl_xor(v, mask, width);
 #else

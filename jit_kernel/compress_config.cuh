@@ -33,10 +33,6 @@ struct TypeOf<DType::kBF16> {
   using type = bf16_t;
 };
 
-// ------------------------------------------------------------------------------------------
-// Configuration of one variant and one pass
-// ------------------------------------------------------------------------------------------
-
 enum class Pass : int { kDecode = 0, kPrefill = 1, kOnlineWrite = 2 };
 
 template <int kRatio_, bool kOnline_, int kHeadDim_, DType kIn, DType kState, DType kOut,
@@ -57,24 +53,17 @@ struct Cfg {
   static constexpr int kInWidth = kRatio == 4 ? 4 * H : 2 * H;
   static constexpr int kStateWidth = kOnline ? 3 * H : kInWidth;
 
-  // Tiling. Online decode folds one token: one entry, the whole row in one team. C4 pools 8
-  // entries per channel in one thread. C128 pools 128: decode in 64-channel slices (8 blocks per
-  // row, 32 splits of 4 entries: short rows for latency), prefill in 128-channel slices (4
-  // blocks, 16 splits of 8 entries: fewer, longer-lived blocks for bandwidth).
+  // Tiling (the table in the file header; why: docs/kernel-design.md).
   static constexpr bool kOnlineDecode = kOnline && kDecode;
   static constexpr bool kWide = kRatio == 128 && !kOnlineDecode;
-  // Without thread block clusters (HIP, CUDA before sm_90, Tiling::kWholeRow) a C128 row is
-  // pooled by one block: the whole row, 4 splits of 32 entries, 512 threads. Stored or not, so
-  // that compress_and_store and compress_forward pool a row in the same order (the fused path
-  // writes the two-step path's bytes) on every target.
+  // One block per C128 row without clusters, stored or not: both paths pool in one order.
   static constexpr bool kWholeRow = (!kHasClusters || kTiling == Tiling::kWholeRow) && kWide;
   static constexpr int kChans = (!kWide || kWholeRow) ? H : (kDecode ? 64 : 128);
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
   static constexpr int kSplit = !kWide ? 1 : (kWholeRow ? 4 : (kDecode ? 32 : 16));
   static constexpr int kPerSplit = kEntries / kSplit;
-  // Entries whose loads are in flight together (registers: 3 x 4 values per entry). 512-thread
-  // blocks run two per SM within 64 registers; C4 prefill runs 6 blocks of 128 per SM.
+  // Entries whose loads are in flight together (registers: 3 x 4 values per entry).
   static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kWide ? 2 : (kDecode ? 8 : 4));
   static constexpr int kVecs = kChans / 4;                 // channel vectors per slice
   static constexpr int kTeamThreads = kVecs * kSplit;
@@ -86,13 +75,11 @@ struct Cfg {
   static constexpr int kBlocksPerSm = kThreads >= 512 ? 2 : (kRatio == 4 ? (kDecode ? 4 : 6) : 1);
   static constexpr int kBlocksPerCu = kRatio == 4 && kDecode ? 1 : kBlocksPerSm;
   static constexpr int kMinBlocks = launch_min_blocks(kBlocksPerSm, kBlocksPerCu, kThreads);
-  // Batches of a split unrolled at once: all, except the 16 of a whole-row split (fully
-  // unrolled they spill: clang-19, gfx942 decode 256 VGPRs + scratch, 127 and none rolled).
+  // Batches of a split unrolled at once: all, except the 16 of a whole-row split (they spill).
   static constexpr int kUnroll = kWholeRow ? 1 : kPerSplit / kBatch;
   static constexpr bool kCluster = kCSplit > 1 && kStoreRows;
-  // Programmatic dependent launch: C4 decode (its grid fills every block slot) lets the next
-  // kernel launch right after its wait; C128 / online decode and prefill once a block is done
-  // (gpu_runtime.h; session 10's A/B in benchmarks/RESULTS.md).
+  // Programmatic dependent launch: C4 decode (its grid fills every block slot) triggers right
+  // after its wait; the other kernels once a block is done (ptx.cuh pdl_enter / pdl_leave).
   static constexpr bool kPdlEarly = kDecode && kRatio == 4;
   // Combining the splits: kLanes consecutive threads per channel, each merging kSplit / kLanes
   // partials, then a butterfly over the kLanes lanes.
@@ -101,23 +88,16 @@ struct Cfg {
   // kept across calls, uses the accurate one.
   static constexpr bool kFastExp = !kOnline;
   // Decode copies the block's share of every request's input row (kCopyVecs vectors) into the
-  // state. C4 (kStageCopy): per request, staged in shared memory by asynchronous copies (no
-  // registers held while they fly; each thread reads back only its own copies) and written
-  // after the pooling, so the copy overlaps the window loads; the bias rows of the thread's
-  // channels are staged once. C128 (a share is 32 vectors of a 512-thread block): all the
-  // team's requests up front, loads in flight together (copy_rows_share); measured 1.45x faster
-  // than per-request staging at B = 512 (benchmarks/RESULTS.md). Stores by one block
-  // (kStageOps): the weight blocks and each stored row's RoPE row are staged, so the store
-  // epilogue loads nothing from global memory. A cluster block (C128) loads its slice's operands
-  // in the epilogue: staging them measured 5-13% slower C128 decode (RESULTS.md).
+  // state: C4 staged per request by cp.async (kStageCopy), C128 all the team's requests up front
+  // (copy_rows_share). A one-block store stages its weight and RoPE operands (kStageOps); a
+  // cluster block loads its slice's operands in the epilogue.
   static constexpr bool kCopyRows = kDecode && !kOnline;
   static constexpr int kCopyVecs = kInWidth / 4 / kCSplit;
   static constexpr bool kStageCopy = kCopyRows && kRatio == 4;
   static constexpr bool kStageApe = kDecode && kRatio == 4;
   static constexpr bool kStageOps = kStoreRows && !kCluster;
-  // A one-block store of a row with several 128-dim blocks (H = 512): warp j stores block j
-  // (store::store_slice; the blocks' sums of squares meet in shared memory) when the team has a
-  // warp per block (C4 head 512, online decode, HIP's whole-row C128); else warp 0 stores the row.
+  // A one-block store of a 512-dim row: warp j stores 128-dim block j when the team has a warp
+  // per block (C4 head 512, online decode, whole-row C128); else warp 0 stores the row.
   static constexpr bool kSlicedStore = kStageOps && H > 128 && kTeams == 1 && kTeamThreads >= 32 * (H / 128);
   static constexpr int kStoreWarps = kSlicedStore ? H / 128 : 1;
 

@@ -2,8 +2,8 @@
 
 Same functions and signatures as the PyTorch backend's op entry points
 (``torch_backend/ops.py``); arguments arrive validated by ``flashcompress.api``.
-Kernels: ``jit_kernel/compress.cuh`` (header comment: shapes, plan rows read,
-thread mapping), binding checks ``jit_kernel/compress_binding.h``, templates
+Kernels: ``jit_kernel/compress.cuh`` (header comment: shapes, plan rows read; the
+files by role it includes: tiling, pooling, epilogue, decode, prefill), binding checks ``jit_kernel/compress_binding.h``, templates
 ``templates/compress_{kernel.cu,binding.cpp}.j2`` (one explicit instantiation).
 
 Variant parameters::
