@@ -4,7 +4,7 @@
 // CompressArgs and calls CompressLaunch<...>::run; the kernel TU (templates/compress_kernel.cu.j2)
 // is one explicit instantiation of that struct, defined in compress.cuh.
 //
-// A variant is (ratio, online, head_dim, input / state / output dtype, store format):
+// A variant is (ratio, online, head_dim, input / state / output dtype, store format, tiling):
 //   kFmt == StoreFormat::kNone   compress_forward: compressed rows go to `out` [plan rows, H]
 //   any other kFmt              compress_and_store: each compressed row is rounded to the output
 //                                dtype, then RMSNorm + RoPE (+ Hadamard) + quantised store into
@@ -20,6 +20,11 @@ namespace flashcompress {
 
 // Element types of the compress tensors (the kernel header maps them to C++ types).
 enum class DType : int { kF32 = 0, kBF16 = 1 };
+
+// How a C128 row is split over blocks: kAuto uses thread block clusters where the target has
+// them (sm_90+: 8 / 4 blocks per row), kWholeRow pools every row in one 512-thread block (what
+// targets without clusters always do).
+enum class Tiling : int { kAuto = 0, kWholeRow = 1 };
 
 struct CompressArgs {
   void* state;              // flat state pool [state_rows, width], TState
@@ -39,7 +44,7 @@ struct CompressArgs {
 };
 
 template <int kRatio, bool kOnline, int kHeadDim, DType kIn, DType kState, DType kOut,
-          StoreFormat kFmt>
+          StoreFormat kFmt, Tiling kTiling>
 struct CompressLaunch {
   // Launches the decode kernel, or the prefill compress pass then the write pass, on `stream`.
   static gpuError_t run(const CompressArgs& args, gpuStream_t stream);

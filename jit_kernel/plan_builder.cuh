@@ -47,6 +47,7 @@
 #include <type_traits>
 
 #include "gpu_runtime.h"
+#include "launch.h"
 #include "plan.cuh"
 #include "plan_launch.h"
 
@@ -491,7 +492,6 @@ __global__ void __launch_bounds__(kRowBlock)
 // ------------------------------------------------------------------------------------------
 // Launchers: plain host functions on the caller's stream. Empty work launches nothing (a
 // zero-size grid is a launch error). They return the launch status; no synchronisation.
-// Triple-chevron launches work under nvcc and hip-clang alike.
 // ------------------------------------------------------------------------------------------
 
 inline unsigned int row_blocks(int64_t rows) {
@@ -501,51 +501,43 @@ inline unsigned int row_blocks(int64_t rows) {
 template <int kRatio>
 gpuError_t launch_decode(const DecodeArgs& a, gpuStream_t stream) {
   if (a.batch <= 0) return gpuSuccess;
-  decode_kernel<kRatio><<<row_blocks(a.batch), kRowBlock, 0, stream>>>(a);
-  return gpuGetLastError();
+  return launch_kernel(decode_kernel<kRatio>, {row_blocks(a.batch), kRowBlock}, stream, a);
 }
 
 template <int kRatio>
 gpuError_t launch_online_decode(const OnlineDecodeArgs& a, gpuStream_t stream) {
   if (a.batch <= 0) return gpuSuccess;
-  online_decode_kernel<kRatio><<<row_blocks(a.batch), kRowBlock, 0, stream>>>(a);
-  return gpuGetLastError();
+  return launch_kernel(online_decode_kernel<kRatio>, {row_blocks(a.batch), kRowBlock}, stream, a);
 }
 
 template <int kRatio>
 gpuError_t launch_prefill_stage1(const PrefillStage1Args& a, gpuStream_t stream) {
   const int64_t rows = max_i64(a.rows_c, a.rows_w);
   if (rows <= 0) return gpuSuccess;
-  prefill_stage1_kernel<kRatio><<<row_blocks(rows), kRowBlock, 0, stream>>>(a);
-  return gpuGetLastError();
+  return launch_kernel(prefill_stage1_kernel<kRatio>, {row_blocks(rows), kRowBlock}, stream, a);
 }
 
 template <int kRatio>
 gpuError_t launch_online_prefill_stage1(const OnlinePrefillStage1Args& a, gpuStream_t stream) {
   const int64_t rows = max_i64(a.rows_c, a.rows_w);
   if (rows <= 0) return gpuSuccess;
-  online_stage1_kernel<kRatio><<<row_blocks(rows), kRowBlock, 0, stream>>>(a);
-  return gpuGetLastError();
+  return launch_kernel(online_stage1_kernel<kRatio>, {row_blocks(rows), kRowBlock}, stream, a);
 }
 
 template <int kRatio>
 gpuError_t launch_prefill_device(const PrefillDeviceArgs& a, gpuStream_t stream) {
   if (a.num_rows <= 0) return gpuSuccess;
-  prefill_scan_kernel<kRatio, false, PrefillDeviceArgs><<<1, kScanThreads, 0, stream>>>(a);
-  gpuError_t err = gpuGetLastError();
+  gpuError_t err = launch_kernel(prefill_scan_kernel<kRatio, false, PrefillDeviceArgs>, {1, kScanThreads}, stream, a);
   if (err != gpuSuccess) return err;
-  prefill_rows_kernel<kRatio><<<row_blocks(a.num_rows), kRowBlock, 0, stream>>>(a);
-  return gpuGetLastError();
+  return launch_kernel(prefill_rows_kernel<kRatio>, {row_blocks(a.num_rows), kRowBlock}, stream, a);
 }
 
 template <int kRatio>
 gpuError_t launch_online_prefill_device(const OnlinePrefillDeviceArgs& a, gpuStream_t stream) {
   if (a.num_rows <= 0) return gpuSuccess;
-  prefill_scan_kernel<kRatio, true, OnlinePrefillDeviceArgs><<<1, kScanThreads, 0, stream>>>(a);
-  gpuError_t err = gpuGetLastError();
+  gpuError_t err = launch_kernel(prefill_scan_kernel<kRatio, true, OnlinePrefillDeviceArgs>, {1, kScanThreads}, stream, a);
   if (err != gpuSuccess) return err;
-  online_prefill_rows_kernel<kRatio><<<row_blocks(a.num_rows), kRowBlock, 0, stream>>>(a);
-  return gpuGetLastError();
+  return launch_kernel(online_prefill_rows_kernel<kRatio>, {row_blocks(a.num_rows), kRowBlock}, stream, a);
 }
 
 }  // namespace plan

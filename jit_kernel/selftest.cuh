@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "gpu_runtime.h"
+#include "launch.h"
 #include "quant.cuh"
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
@@ -54,8 +55,7 @@ inline gpuError_t launch_add_value(const float* in, float* out, int64_t n, gpuSt
                 "selftest: block must be a positive multiple of 32, at most 1024");
   if (n == 0) return gpuSuccess;
   const int64_t grid = (n + kBlock - 1) / kBlock;
-  add_value_kernel<kValue, kBlock><<<static_cast<unsigned>(grid), kBlock, 0, stream>>>(in, out, n);
-  return gpuGetLastError();
+  return launch_kernel(add_value_kernel<kValue, kBlock>, {static_cast<unsigned>(grid), kBlock}, stream, in, out, n);
 }
 
 template <int kBlock>
@@ -79,8 +79,7 @@ template <int kBlock>
 inline gpuError_t launch_quant_probe(const float* x, uint8_t* out, int64_t n, gpuStream_t stream) {
   if (n <= 0) return gpuSuccess;
   const int64_t grid = (n / 4 + kBlock - 1) / kBlock;
-  quant_probe_kernel<kBlock><<<static_cast<unsigned>(grid), kBlock, 0, stream>>>(x, out, n);
-  return gpuGetLastError();
+  return launch_kernel(quant_probe_kernel<kBlock>, {static_cast<unsigned>(grid), kBlock}, stream, x, out, n);
 }
 #endif
 

@@ -59,6 +59,7 @@
 #include <cstdint>
 
 #include "gpu_runtime.h"
+#include "launch.h"
 #include "layout.h"
 #include "quant.cuh"
 #include "store_args.h"
@@ -555,14 +556,10 @@ template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 gpuError_t StoreLaunch<kHeadDim, kFmt, kIn>::run(const StoreKernelArgs& args, gpuStream_t stream) {
   if (args.rows <= 0) return gpuSuccess;
   const int64_t blocks = (args.rows + store::kWarpsPerBlock - 1) / store::kWarpsPerBlock;
-#if !FC_GPU_HIP && FC_ENABLE_PDL  // CUDA sm_90+: a programmatic dependent of the previous kernel
-  return gpu_launch_ex(store::store_kernel<kHeadDim, kFmt, kIn>, static_cast<unsigned>(blocks),
-                       static_cast<unsigned>(store::kBlockThreads), 1, true, stream, args);
-#else
-  store::store_kernel<kHeadDim, kFmt, kIn>
-      <<<static_cast<unsigned>(blocks), static_cast<unsigned>(store::kBlockThreads), 0, stream>>>(args);
-  return gpuGetLastError();
-#endif
+  // CUDA sm_90+: a programmatic dependent of the previous kernel
+  return launch_kernel(store::store_kernel<kHeadDim, kFmt, kIn>,
+                       {static_cast<unsigned>(blocks), static_cast<unsigned>(store::kBlockThreads), 0, 1, kPdlLaunch},
+                       stream, args);
 }
 
 }  // namespace flashcompress

@@ -7,16 +7,15 @@
 //   group_sum<W>(v), group_max<W>(v)     xor-butterfly over aligned groups of W lanes
 //                        (W a power of two <= 32); every lane of the group gets the result.
 //                        group_sum takes float or double.
-//   async_copy<B>(smem, gmem), async_commit(), async_wait<N>()   B (4, 8, 16) bytes global ->
-//                        shared without holding registers (cp.async, sm_80+; HIP: a plain copy).
-//                        Only the issuing thread may read the bytes, after async_wait<N> has
-//                        returned with at most N newer groups still in flight.
+//   shuffles and lane-group sync: arch.cuh; cp.async staging (async_copy): ptx.cuh (included here).
 //
 // Lane groups are at most 32 wide, so the code is the same on 32-lane NVIDIA warps and on
 // 64-lane CDNA wavefronts (a 32-lane group is half a wavefront there; shuffles take width W).
 #pragma once
 
+#include "arch.cuh"
 #include "gpu_runtime.h"
+#include "ptx.cuh"
 
 #if FC_GPU_HIP
 #include "quant.cuh"  // bf16 <-> fp32 (our own helpers: HIP 5.2 has no hip_bf16.h)
@@ -80,17 +79,6 @@ __device__ __forceinline__ float via(TStore x) {
   return to_float(from_float<TIn>(to_float(x)));
 }
 
-// Lane exchange of a float or a double (fp64 sums of the store's RMSNorm).
-template <typename T>
-__device__ __forceinline__ T shfl_xor(T v, int mask, int width) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>, "shfl_xor: float or double");
-#if FC_GPU_HIP
-  return __shfl_xor(v, mask, width);
-#else
-  return __shfl_xor_sync(0xffffffffu, v, mask, width);
-#endif
-}
-
 // op-reduction over aligned groups of W lanes, xor butterfly with masks W/2, ..., 1.
 template <int W, typename T, typename Op>
 __device__ __forceinline__ T group_reduce(T v, Op op) {
@@ -110,35 +98,6 @@ __device__ __forceinline__ T group_sum(T v) {
 template <int W>
 __device__ __forceinline__ float group_max(float v) {
   return group_reduce<W>(v, [](float a, float b) { return fmaxf(a, b); });
-}
-
-// Asynchronous global -> shared copies (the compress kernel's staging: its copy share, the bias,
-// the store's weight and RoPE row). A thread reads back only what it copied itself, so
-// async_wait is the only synchronisation a stage needs.
-template <int kBytes>
-__device__ __forceinline__ void async_copy(void* smem, const void* gmem) {
-  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const auto dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2;" ::"r"(dst), "l"(gmem), "n"(kBytes) : "memory");
-#else
-  using Word = Vec<uint32_t, kBytes / 4>;
-  *static_cast<Word*>(smem) = *static_cast<const Word*>(gmem);
-#endif
-}
-
-__device__ __forceinline__ void async_commit() {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-// Wait until at most kPending of this thread's most recent commit groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void async_wait() {
-#if !FC_GPU_HIP && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
-#endif
 }
 
 }  // namespace flashcompress

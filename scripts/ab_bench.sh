@@ -6,7 +6,7 @@
 #
 #   1. here (the lent GPU gets no .git; .whl/ is ignored, carry it):
 #        bash scripts/ab_bench.sh --export REF [NAME]      # REF's jit_kernel/ -> .whl/ab/NAME/
-#        bash scripts/ab_bench.sh --export REF NAME -D FC_DECODE_WAVES=2 compress.cuh
+#        bash scripts/ab_bench.sh --export REF NAME -D FC_SOME_KNOB=2 some_header.cuh
 #                                                           # ... with a '#define X ...' knob reset
 #   2. on the GPU, FC_COMMIT naming this tree's commit (device tool: run(command="FC_COMMIT=abc1234
 #      bash scripts/ab_bench.sh bench_pipeline.py --cases

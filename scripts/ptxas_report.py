@@ -2,7 +2,7 @@
 
     python scripts/ptxas_report.py                          # every fp32 store / compress variant
     python scripts/ptxas_report.py compress:ratio=4,head_dim=512,store=v4 store:head_dim=128,fmt=idx_fp8
-    python scripts/ptxas_report.py -D FC_DECODE_WAVES=2     # extra -D flags (A/B knobs)
+    python scripts/ptxas_report.py -D NAME=VALUE            # extra -D flags (A/B of a header knob)
 
 Renders each variant's kernel TU exactly as the JIT does (templates/, jit_kernel/), compiles it to
 a cubin for sm_90a with ``-Xptxas -v`` and prints one line per kernel: registers, stack frame,
@@ -119,7 +119,8 @@ def report(spec: str, defines: list[str], nvcc: str, nvdisasm: str | None = None
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("specs", nargs="*", help="family:key=value,... (default: every fp32 store and compress variant)")
+    ap.add_argument("specs", nargs="*", help="family:key=value,... (default: every fp32 store and compress variant, "
+                                         "auto tiling)")
     ap.add_argument("-D", dest="defines", action="append", default=[], help="extra preprocessor definition")
     ap.add_argument("--sass", action="store_true", help="also count SASS instructions (needs nvdisasm)")
     args = ap.parse_args(argv)
@@ -129,11 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         if not nvdisasm:
             ap.error("--sass needs nvdisasm on PATH or NVDISASM=/path/to/nvdisasm")
     nvcc = str(Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "bin" / "nvcc")
-    specs = args.specs or ["store:dtype=f32", "compress:in_dtype=f32,state_dtype=f32,out_dtype=f32"]
+    default_compress = "compress:in_dtype=f32,state_dtype=f32,out_dtype=f32,tiling=auto"
+    specs = args.specs or ["store:dtype=f32", default_compress]
     for spec in specs:
         family, params = fam.parse_spec(spec)
         if not params and family == "compress":
-            spec = "compress:in_dtype=f32,state_dtype=f32,out_dtype=f32"
+            spec = default_compress
         for line in report(spec, args.defines, nvcc, nvdisasm):
             print(line, flush=True)
     return 0

@@ -2,11 +2,11 @@
 
 A C128 row that is stored is pooled by an 8-block cluster on sm_90 and later; on CUDA targets
 before sm_90 (and on HIP) every C128 row is pooled by one 512-thread block instead
-(jit_kernel/compress.cuh, Cfg::kWholeRow; FC_HAS_CLUSTERS comes from the kernel template). A
-cluster instruction in a pre-sm_90 build would not assemble, and a cluster launch fails there,
-so this test compiles the C128 variants to PTX for sm_90a, sm_89 and sm_80 and checks where the
-cluster instructions (and PDL) appear. The sm_80 tiling itself ran on the H200 with
-FC_FORCE_NO_CLUSTERS=1 (benchmarks/RESULTS.md, the correctness table).
+(jit_kernel/compress_config.cuh, Cfg::kWholeRow; FC_HAS_CLUSTERS comes from the kernel template),
+and so is every C128 row of a ``tiling="whole_row"`` variant on any target. A cluster instruction
+in a pre-sm_90 build would not assemble, and a cluster launch fails there, so this test compiles
+the C128 variants to PTX for sm_90a, sm_89 and sm_80 and checks where the cluster instructions
+(and PDL) appear; the GPU tests run the whole-row tiling on the H200 through the same parameter.
 """
 
 from __future__ import annotations
@@ -45,6 +45,19 @@ def test_clusters_on_sm90_only(tmp_path, store: str) -> None:
         assert set(re.findall(r"\.maxntid (\d+)", ptx)) <= {"512", "256"}, target
 
 
+@pytest.mark.parametrize("store", ["v4", "none"])
+def test_whole_row_tiling_needs_no_clusters_on_sm90(tmp_path, store: str) -> None:
+    params = {"ratio": 128, "online": False, "head_dim": 512, "store": store, **F32}
+    auto = _ptx({**params, "tiling": "auto"}, "cuda:9.0a", tmp_path)
+    whole = _ptx({**params, "tiling": "whole_row"}, "cuda:9.0a", tmp_path)
+    assert (_CLUSTER.search(auto) is not None) == (store != "none")
+    hit = _CLUSTER.search(whole)
+    assert hit is None, f"whole_row: cluster instruction {hit.group(0)!r}"
+    assert _PDL.search(whole), "whole_row keeps programmatic dependent launch on sm_90a"
+    assert re.findall(r"\.maxntid (\d+)", whole) and set(re.findall(r"\.maxntid (\d+)", whole)) <= {"512", "256"}
+    assert auto != whole
+
+
 def _tilings(tmp: Path, has_clusters: int) -> dict[tuple[str, ...], dict[str, int]]:
     exe = tmp / f"tiling{has_clusters}"
     cmd = [NVCC, "-std=c++17", f"-DFC_HAS_CLUSTERS={has_clusters}", f"-I{REPO / 'jit_kernel'}",
@@ -54,14 +67,20 @@ def _tilings(tmp: Path, has_clusters: int) -> dict[tuple[str, ...], dict[str, in
     lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
     assert lines[0] == f"has_clusters {has_clusters}"
     fields = ("chans", "split", "batch", "lanes", "csplit", "threads", "cluster")
-    return {tuple(p[:5]): dict(zip(fields, map(int, p[5:]))) for p in (line.split() for line in lines[1:])}
+    return {tuple(p[:6]): dict(zip(fields, map(int, p[6:]))) for p in (line.split() for line in lines[1:])}
 
 
 def test_tiling_by_target(tmp_path) -> None:
     """Each configuration's tiling with and without clusters (the build also checks, at compile
     time, that a store variant pools with its compress_forward variant's tiling)."""
-    cl, nocl = _tilings(tmp_path, 1), _tilings(tmp_path, 0)
-    assert cl.keys() == nocl.keys() and len(cl) == 20
+    both_cl, both_nocl = _tilings(tmp_path, 1), _tilings(tmp_path, 0)
+    assert both_cl.keys() == both_nocl.keys() and len(both_cl) == 40
+    # tiling="whole_row" tiles as a target without clusters, on every target
+    for key, t in both_cl.items():
+        if key[0] == "whole_row":
+            assert t == both_nocl[key] == both_nocl[("auto", *key[1:])], key
+    cl = {k[1:]: v for k, v in both_cl.items() if k[0] == "auto"}
+    nocl = {k[1:]: v for k, v in both_nocl.items() if k[0] == "auto"}
     dec, pre = ("128", "0", "512", "v4", "decode"), ("128", "0", "512", "v4", "prefill")
     # sm_90: a stored C128 row is an 8-block (decode) / 4-block (prefill) cluster of 512 threads
     assert (cl[dec]["csplit"], cl[dec]["cluster"], cl[dec]["threads"]) == (8, 1, 512)

@@ -120,11 +120,13 @@ def _settle_shared_decode_rows(state: torch.Tensor, ref: torch.Tensor, inp: torc
 
 
 class Tee:
-    """A backend module that runs the reference on clones, then the kernels, and compares."""
+    """A backend module that runs the reference on clones, then the kernels (compress variants of
+    the given ``tiling``), and compares."""
 
-    def __init__(self, in_dtype: torch.dtype | None = None):
+    def __init__(self, in_dtype: torch.dtype | None = None, tiling: str = "auto"):
         self.kernel = _cuda_ops()
         self.in_dtype = in_dtype  # cast inputs (both backends see the same cast tensor)
+        self.tiling = tiling
         self.calls = {"compress_forward": 0, "compress_norm_rope_store": 0, "compress_and_store": 0}
 
     def _inputs(self, inp: torch.Tensor, ape: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,7 +143,7 @@ class Tee:
         ref_state, ref_out = state.clone(), torch.full_like(kout, float("nan"))
         torch_ops.compress_forward(call._replace(state=ref_state), ref_out)
         kout.fill_(float("nan"))
-        self.kernel.compress_forward(call, kout)
+        self.kernel.compress_forward(call, kout, tiling=self.tiling)
         what = f"compress_forward call {self.calls['compress_forward']} ({'decode' if plan_w is None else 'prefill'})"
         online = call.layer.online
         if plan_w is None:
@@ -163,11 +165,11 @@ class Tee:
         ref_state, ref_cache = state.clone(), st.kvcache.clone()
         # the two-step GPU path on clones
         kv = torch.full((plan_rows.shape[0], call.layer.head_dim), float("nan"), dtype=inp.dtype, device=inp.device)
-        self.kernel.compress_forward(call._replace(state=ref_state, store=None), kv)
+        self.kernel.compress_forward(call._replace(state=ref_state, store=None), kv, tiling=self.tiling)
         if plan_rows.shape[0]:
             self.kernel.compress_norm_rope_store(V.StoreCall(kv, plan_rows, call.is_decode, call.layer.ratio,
                                                              st._replace(kvcache=ref_cache), call.device))
-        self.kernel.compress_and_store(call)
+        self.kernel.compress_and_store(call, tiling=self.tiling)
         what = f"compress_and_store call {self.calls['compress_and_store']}"
         if call.is_decode:
             _settle_shared_decode_rows(state, ref_state, inp, plan_rows, call.layer.online, what)
@@ -183,8 +185,8 @@ class Tee:
 
 @pytest.fixture()
 def tee(monkeypatch: pytest.MonkeyPatch):
-    def make(in_dtype: torch.dtype | None = None) -> Tee:
-        t = Tee(in_dtype)
+    def make(in_dtype: torch.dtype | None = None, tiling: str = "auto") -> Tee:
+        t = Tee(in_dtype, tiling)
         monkeypatch.setattr(dispatch, "ops_backend", lambda device: t)
         return t
 
@@ -197,18 +199,23 @@ def _scenarios() -> dict[str, S.Scenario]:
     return SCENARIOS
 
 
+TILINGS = ["auto", "whole_row"]  # the compress family's C128 row tilings (cuda_ops/compress.py)
+
+
+@pytest.mark.parametrize("tiling", TILINGS)
 @pytest.mark.parametrize("name", list(_scenarios()))
 @pytest.mark.parametrize("seed", [0, 1])
-def test_kernels_match_torch_over_engine_simulation(tee, name: str, seed: int) -> None:
-    t = tee()
+def test_kernels_match_torch_over_engine_simulation(tee, name: str, seed: int, tiling: str) -> None:
+    t = tee(tiling=tiling)
     res = S.simulate(_scenarios()[name], device="cuda", seed=seed)
     assert t.calls["compress_forward"] > 0
     assert res.ok, res.summary()
 
 
+@pytest.mark.parametrize("tiling", TILINGS)
 @pytest.mark.parametrize("name", list(_scenarios()))
-def test_fused_matches_two_step_over_engine_simulation(tee, name: str) -> None:
-    t = tee()
+def test_fused_matches_two_step_over_engine_simulation(tee, name: str, tiling: str) -> None:
+    t = tee(tiling=tiling)
     res = S.simulate(dataclasses.replace(_scenarios()[name], fused=True), device="cuda", seed=0)
     assert t.calls["compress_and_store"] > 0
     assert res.ok, res.summary()

@@ -150,6 +150,27 @@ def test_family_space_validation_and_expansion() -> None:
         family.Family("toyfam2", sources=(("x.cu.j2", "kernel.cu"),), space={"backend": ("a",)})
 
 
+def test_family_defaults_fill_left_out_params() -> None:
+    fam = family.Family("toyfam", sources=(("x.cu.j2", "kernel.cu"),),
+                        space={"ratio": (4, 128), "tiling": ("auto", "whole_row")}, defaults={"tiling": "auto"})
+    assert fam.key("cuda:9.0a", ratio=4) == fam.key("cuda:9.0a", ratio=4, tiling="auto")
+    assert fam.key("cuda:9.0a", ratio=4, tiling="whole_row").module_name == "fc_toyfam_ratio4_tilingwhole_row"
+    assert len(fam.expand({"ratio": 128})) == 2  # a default does not narrow the space
+    with pytest.raises(ValueError, match="exactly"):
+        fam.check_params({"ratio": 4})  # explicit param dicts stay complete
+    with pytest.raises(ValueError, match="not in its space"):
+        family.Family("toyfam3", sources=(("x.cu.j2", "kernel.cu"),), space={"ratio": (4,)}, defaults={"ratio": 8})
+
+
+def test_compress_tiling_is_part_of_the_key(private_env: dict[str, str]) -> None:
+    params = {"ratio": 128, "online": False, "head_dim": 512, "in_dtype": "f32", "state_dtype": "f32",
+              "out_dtype": "f32", "store": "v4"}
+    auto, whole = (jit.make_key("compress", "cuda:9.0a", **params, tiling=t) for t in ("auto", "whole_row"))
+    assert jit.make_key("compress", "cuda:9.0a", **params) == auto
+    assert auto != whole and auto.module_name != whole.module_name
+    assert whole.module_name.endswith("_tilingwhole_row")
+
+
 def test_variant_key_names(private_env: dict[str, str]) -> None:
     key = selftest_key(3)
     assert key == jit.make_key("selftest", block=128, value=3)  # param order is irrelevant

@@ -2,7 +2,7 @@
 triggers its dependents (CPU, needs nvcc).
 
 On SM90 the decode kernel, prefill pass 1 and the standalone store kernel are launched as
-programmatic dependents of the stream's previous kernel (jit_kernel/gpu_runtime.h): they may run
+programmatic dependents of the stream's previous kernel (jit_kernel/ptx.cuh, launch.h): they may run
 while that kernel still writes, so each must execute ``griddepcontrol.wait`` before its first
 global-memory access, and may let its own dependents launch (``griddepcontrol.launch_dependents``)
 only after that wait (a dependent may read, before its own wait, what the kernel two back wrote).
@@ -86,7 +86,7 @@ def test_no_global_access_before_the_wait(tmp_path, family, params) -> None:
 
 
 def _triggers_early(demangled: str) -> bool:
-    """The kernels that let their dependents launch right after their wait (gpu_runtime.h,
+    """The kernels that let their dependents launch right after their wait (ptx.cuh,
     pdl_enter<true>): grids that fill every block slot, the store and C4 decode."""
     return "store_kernel" in demangled or bool(re.search(r"decode_kernel<(?:flashcompress::)?(?:compress::)?Cfg<4,", demangled))
 

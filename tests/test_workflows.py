@@ -169,11 +169,11 @@ def test_ab_bench_export_sets_a_knob_and_refuses_an_unknown_one(tmp_path: Path) 
     """``ab_bench.sh --export`` writes REF's headers with the knob reset; a missing knob leaves nothing."""
     env = dict(os.environ, FC_AB_DIR=str(tmp_path))
     subprocess.run(["bash", "-n", str(AB_BENCH)], check=True)
-    ok = subprocess.run(["bash", str(AB_BENCH), "--export", "HEAD", "w3", "-D", "FC_DECODE_WAVES=3", "compress.cuh"],
+    ok = subprocess.run(["bash", str(AB_BENCH), "--export", "HEAD", "w3", "-D", "FC_HAS_CLUSTERS=1", "gpu_runtime.h"],
                         env=env, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
-    text = (tmp_path / "w3" / "compress.cuh").read_text()
-    assert "\n#define FC_DECODE_WAVES 3\n" in text and (tmp_path / "w3" / "store.cuh").is_file()
+    text = (tmp_path / "w3" / "gpu_runtime.h").read_text()
+    assert "\n#define FC_HAS_CLUSTERS 1\n" in text and (tmp_path / "w3" / "store.cuh").is_file()
     bad = subprocess.run(["bash", str(AB_BENCH), "--export", "HEAD", "nope", "-D", "FC_NO_SUCH_KNOB=1", "store.cuh"],
                          env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and "FC_NO_SUCH_KNOB" in bad.stderr

@@ -1,7 +1,7 @@
 // Host-side check of the compress family's tiling (tests/test_cluster_tiling.py): compiled with
-// FC_HAS_CLUSTERS=0 and =1, it instantiates compress::Cfg for every pass, ratio, head dim and
-// store format and prints one line per configuration:
-//   <ratio> <online> <head> <fmt> <pass> kChans kSplit kBatch kLanes kCSplit kThreads cluster
+// FC_HAS_CLUSTERS=0 and =1, it instantiates compress::Cfg for every tiling, pass, ratio, head dim
+// and store format and prints one line per configuration:
+//   <tiling> <ratio> <online> <head> <fmt> <pass> kChans kSplit kBatch kLanes kCSplit kThreads cluster
 // The invariant the fused path's parity rests on is checked at compile time too: a variant that
 // stores (fmt != none) pools every row with exactly the tiling of its compress_forward variant,
 // so both paths add the same partials in the same order.
@@ -13,7 +13,18 @@ namespace fc = flashcompress;
 using fc::DType;
 using fc::StoreFormat;
 using fc::compress::Cfg;
+using fc::Tiling;
 using fc::compress::Pass;
+
+template <Tiling kTiling, int kRatio, bool kOnline, int kHead, StoreFormat kFmt, Pass kPass>
+void row(const char* fmt, const char* pass);
+
+template <Tiling kTiling, int kRatio, bool kOnline, int kHead, StoreFormat kFmt>
+void passes_for(const char* fmt) {
+  row<kTiling, kRatio, kOnline, kHead, kFmt, Pass::kDecode>(fmt, "decode");
+  row<kTiling, kRatio, kOnline, kHead, kFmt, Pass::kPrefill>(fmt, "prefill");
+  if constexpr (kOnline) row<kTiling, kRatio, kOnline, kHead, kFmt, Pass::kOnlineWrite>(fmt, "write");
+}
 
 template <class A, class B>
 constexpr bool same_tiling() {
@@ -21,25 +32,25 @@ constexpr bool same_tiling() {
          A::kThreads == B::kThreads && A::kUnroll == B::kUnroll;
 }
 
-template <int kRatio, bool kOnline, int kHead, StoreFormat kFmt, Pass kPass>
+template <Tiling kTiling, int kRatio, bool kOnline, int kHead, StoreFormat kFmt, Pass kPass>
 void row(const char* fmt, const char* pass) {
-  using C = Cfg<kRatio, kOnline, kHead, DType::kF32, DType::kF32, DType::kF32, kFmt, kPass>;
-  using N = Cfg<kRatio, kOnline, kHead, DType::kF32, DType::kF32, DType::kF32, StoreFormat::kNone, kPass>;
+  using C = Cfg<kRatio, kOnline, kHead, DType::kF32, DType::kF32, DType::kF32, kFmt, kTiling, kPass>;
+  using N = Cfg<kRatio, kOnline, kHead, DType::kF32, DType::kF32, DType::kF32, StoreFormat::kNone, kTiling, kPass>;
   static_assert(same_tiling<C, N>(), "a store variant must pool with its compress_forward variant's tiling");
-  static_assert(fc::compress::kHasClusters || !C::kCluster, "cluster variant on a target without clusters");
-  std::printf("%d %d %d %s %s %d %d %d %d %d %d %d\n", kRatio, kOnline ? 1 : 0, kHead, fmt, pass, C::kChans, C::kSplit,
-              C::kBatch, C::kLanes, C::kCSplit, C::kThreads, C::kCluster ? 1 : 0);
+  static_assert(fc::kHasClusters || !C::kCluster, "cluster variant on a target without clusters");
+  std::printf("%s %d %d %d %s %s %d %d %d %d %d %d %d\n", kTiling == Tiling::kAuto ? "auto" : "whole_row", kRatio,
+              kOnline ? 1 : 0, kHead, fmt, pass, C::kChans, C::kSplit, C::kBatch, C::kLanes, C::kCSplit, C::kThreads,
+              C::kCluster ? 1 : 0);
 }
 
 template <int kRatio, bool kOnline, int kHead, StoreFormat kFmt>
 void passes(const char* fmt) {
-  row<kRatio, kOnline, kHead, kFmt, Pass::kDecode>(fmt, "decode");
-  row<kRatio, kOnline, kHead, kFmt, Pass::kPrefill>(fmt, "prefill");
-  if constexpr (kOnline) row<kRatio, kOnline, kHead, kFmt, Pass::kOnlineWrite>(fmt, "write");
+  passes_for<Tiling::kAuto, kRatio, kOnline, kHead, kFmt>(fmt);
+  passes_for<Tiling::kWholeRow, kRatio, kOnline, kHead, kFmt>(fmt);
 }
 
 int main() {
-  std::printf("has_clusters %d\n", fc::compress::kHasClusters ? 1 : 0);
+  std::printf("has_clusters %d\n", fc::kHasClusters ? 1 : 0);
   passes<4, false, 512, StoreFormat::kNone>("none");
   passes<4, false, 512, StoreFormat::kV4>("v4");
   passes<4, false, 128, StoreFormat::kNone>("none");

@@ -1,9 +1,10 @@
 """The ``compress`` JIT family: CUDA kernels of ``compress_forward`` and ``compress_and_store``.
 
 Same functions and signatures as the PyTorch backend's op entry points
-(``torch_backend/ops.py``): each takes the checked call object of ``flashcompress.validation``.
-Kernels: ``jit_kernel/compress.cuh`` (header comment: shapes, plan rows read,
-thread mapping), binding checks ``jit_kernel/compress_binding.h``, templates
+(``torch_backend/ops.py``): each takes the checked call object of ``flashcompress.validation``
+and the variant's ``tiling`` (default ``auto``).
+Kernels: ``jit_kernel/compress.cuh`` (header comment: shapes, plan rows read; the
+files by role it includes: tiling, pooling, epilogue, decode, prefill), binding checks ``jit_kernel/compress_binding.h``, templates
 ``templates/compress_{kernel.cu,binding.cpp}.j2`` (one explicit instantiation).
 
 Variant parameters::
@@ -11,6 +12,11 @@ Variant parameters::
     ratio       4 | 128                 online      False | True (ratio 128, head 512)
     head_dim    512 | 128 (ratio 4)     in_dtype / state_dtype / out_dtype   "f32" | "bf16"
     store       "none" (compress_forward) | "v4" | "bf16" (head 512) | "idx_fp8" | "idx_fp4" (head 128)
+    tiling      "auto" (thread block clusters for C128 rows where the target has them) |
+                "whole_row" (one 512-thread block per C128 row, as on targets without clusters)
+
+``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword (default "auto"), so a
+test can run both tilings on one GPU.
 
 A store variant rounds each compressed row to the input dtype (``out_dtype ==
 in_dtype``, the dtype of the two-step path's intermediate) before the store.
@@ -70,7 +76,7 @@ def _presets(model: str) -> list[dict[str, Any]]:
             out.append({"ratio": 128, "online": False, "head_dim": cfg.head_dim, **f32, "store": store})
         for store in ("none", "v4"):
             out.append({"ratio": 128, "online": True, "head_dim": cfg.head_dim, **f32, "store": store})
-    return out
+    return [{**p, "tiling": "auto"} for p in out]
 
 
 def _warmup(key: Any) -> None:
@@ -117,7 +123,9 @@ COMPRESS = register_family(
             "state_dtype": ("f32", "bf16"),
             "out_dtype": ("f32", "bf16"),
             "store": ("none", "v4", "idx_fp8", "idx_fp4", "bf16"),
+            "tiling": ("auto", "whole_row"),
         },
+        defaults={"tiling": "auto"},
         warmup=_warmup,
     ),
     validate=_validate,
@@ -129,27 +137,27 @@ _MODULES: dict[tuple[Any, ...], Any] = module_memo()
 
 
 def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: torch.dtype,
-            out: torch.dtype, store: str) -> Any:
+            out: torch.dtype, store: str, tiling: str) -> Any:
     """The loaded variant, memoised on the call's own values (the launchers look in ``_MODULES``
     themselves first and call this only on a miss)."""
-    memo = (ratio, online, head_dim, inp, state, out, store)
+    memo = (ratio, online, head_dim, inp, state, out, store, tiling)
     module = _MODULES.get(memo)
     if module is None:
         from ..jit import get_module
 
         module = get_module("compress", ratio=ratio, online=online, head_dim=head_dim, in_dtype=_DTYPES[inp],
-                            state_dtype=_DTYPES[state], out_dtype=_DTYPES[out], store=store)
+                            state_dtype=_DTYPES[state], out_dtype=_DTYPES[out], store=store, tiling=tiling)
         _MODULES[memo] = module
     return module
 
 
-def compress_forward(call: CompressCall, out: torch.Tensor) -> None:
+def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str = "auto") -> None:
     """Pool windows into ``out`` and update the state pool (decode: ``call.plan_w`` is None)."""
     layer, state, inp, ape, plan_rows, plan_w = call.layer, call.state, call.inp, call.ape, call.plan_rows, call.plan_w
     in_dtype = inp.dtype
     if ape.dtype is not in_dtype:
         ape = ape.to(in_dtype)
-    memo = (layer.ratio, layer.online, layer.head_dim, in_dtype, state.dtype, out.dtype, "none")
+    memo = (layer.ratio, layer.online, layer.head_dim, in_dtype, state.dtype, out.dtype, "none", tiling)
     module = _MODULES.get(memo)
     if module is None:
         module = _module(*memo)
@@ -157,7 +165,7 @@ def compress_forward(call: CompressCall, out: torch.Tensor) -> None:
     module.compress(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, out, is_decode)
 
 
-def compress_and_store(call: CompressCall) -> None:
+def compress_and_store(call: CompressCall, tiling: str = "auto") -> None:
     """Pool windows, update the state pool and store each compressed row into ``kvcache``: the
     compress kernel with the store epilogue (decode: one launch; prefill: the pooling pass, which
     stores, then the state write pass)."""
@@ -171,7 +179,7 @@ def compress_and_store(call: CompressCall) -> None:
         norm_weight = norm_weight.to(in_dtype)
     if in_dtype is not torch.float32:  # the kernel reads an fp32 weight
         norm_weight = norm_weight.float()
-    memo = (layer.ratio, layer.online, layer.head_dim, in_dtype, state.dtype, in_dtype, st.fmt.name)
+    memo = (layer.ratio, layer.online, layer.head_dim, in_dtype, state.dtype, in_dtype, st.fmt.name, tiling)
     module = _MODULES.get(memo)
     if module is None:
         module = _module(*memo)

@@ -62,7 +62,8 @@ class Family:
     ``space`` (param name -> allowed values, in display order): every variant sets exactly
     these params to one of the listed values (same Python type); ``prewarm --all``
     enumerates it.  ``validate(params)`` (attached by ``register_family``) adds the
-    constraints ``space`` cannot express.  ``warmup(key)`` launches a loaded variant once on
+    constraints ``space`` cannot express.  ``defaults`` (param name -> value) fills the params a
+    ``key`` call leaves out.  ``warmup(key)`` launches a loaded variant once on
     the current GPU (prewarm calls it so that nothing is first-loaded during graph capture).
     ``host_only``: host C++ only (see the module docstring).
     """
@@ -73,6 +74,7 @@ class Family:
     cxx_flags: tuple[str, ...] = ()
     exports: tuple[str, ...] = ()
     space: tuple[tuple[str, tuple[ParamValue, ...]], ...] | None = None
+    defaults: tuple[tuple[str, ParamValue], ...] = ()
     warmup: Callable[[VariantKey], None] | None = field(default=None, compare=False)
     validate: Callable[[Mapping[str, Any]], None] | None = field(default=None, compare=False)
     presets: Presets | None = field(default=None, compare=False)
@@ -101,6 +103,12 @@ class Family:
                 if not values or not all(isinstance(v, (int, str)) for v in values):
                     raise ValueError(f"family {self.name!r}: parameter {pname!r} needs int/str/bool values")
             object.__setattr__(self, "space", space)
+        defaults = tuple((self.defaults.items() if isinstance(self.defaults, Mapping) else self.defaults))
+        declared = dict(self.space or ())
+        for pname, value in defaults:
+            if pname not in declared or value not in declared[pname]:
+                raise ValueError(f"family {self.name!r}: default {pname}={value!r} is not in its space")
+        object.__setattr__(self, "defaults", defaults)
 
     def check_params(self, params: Mapping[str, object]) -> None:
         """Raise ``ValueError`` unless ``params`` is a valid variant of this family."""
@@ -124,8 +132,9 @@ class Family:
             self.validate(params)
 
     def key(self, target: str | None = None, **params: ParamValue) -> VariantKey:
-        """The validated key of one variant; ``target=None`` uses ``detect_target()`` (host-only
-        families: always ``host_target()``)."""
+        """The validated key of one variant (``defaults`` fill the params left out);
+        ``target=None`` uses ``detect_target()`` (host-only families: always ``host_target()``)."""
+        params = {**dict(self.defaults), **params}
         self.check_params(params)
         order = [n for n, _ in self.space] if self.space is not None else sorted(params)
         if self.host_only:
