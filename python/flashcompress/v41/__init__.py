@@ -1,0 +1,28 @@
+"""DeepSeek-V4.1 low-ratio (ratio 1 / 2) compressor ops and their cache layouts.
+
+  KVLayout                        the six compressed-KV byte layouts (:mod:`.layouts`)
+  c1_decode_norm_rope_store       ratio 1: norm + RoPE + fp4 fake-quant + store, every token
+  c2_decode_norm_rope_store       ratio 2 decode / verify: pair ring + pool + norm + RoPE + store
+  c2_prefill_norm_rope_store      ratio 2 extend
+  index_k_norm_rope_pack_store    index keys: norm + RoPE + two-stage fp4 into 68-byte slots
+"""
+
+from .api import (
+    c1_decode_norm_rope_store,
+    c2_decode_norm_rope_store,
+    c2_prefill_norm_rope_store,
+    index_k_norm_rope_pack_store,
+)
+from .layouts import KVLayout, RowAddressing, index_k_addressing, pair_ring_rows, pair_ring_size
+
+__all__ = [
+    "KVLayout",
+    "RowAddressing",
+    "c1_decode_norm_rope_store",
+    "c2_decode_norm_rope_store",
+    "c2_prefill_norm_rope_store",
+    "index_k_addressing",
+    "index_k_norm_rope_pack_store",
+    "pair_ring_rows",
+    "pair_ring_size",
+]
