@@ -27,7 +27,7 @@ from .quant import bf16_round, fma_f32
 from .store import apply_rope
 from .v41_quant import encode, fake_quant_kv, index_k_codes
 
-__all__ = ["c1_decode", "c2_decode", "c2_prefill", "index_k", "rms_norm_bf16", "pool_pairs"]
+__all__ = ["c1_decode", "c2_decode", "c2_prefill", "index_k", "norm_factor", "rms_norm_bf16", "pool_pairs"]
 
 _F32 = torch.float32
 _LANES = 32
@@ -62,12 +62,23 @@ def _lane_squares(x: torch.Tensor) -> torch.Tensor:
     return sq.reshape(n, 2, _LANES, 2).permute(0, 2, 1, 3).reshape(n, 1, _LANES, 4)
 
 
-def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``bf16((x * nf) * w)`` as fp32, ``nf = rsqrt(ss / D + eps)``, for bf16-exact fp32 rows ``x`` ``[n, D]``."""
+def norm_factor(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``nf = rsqrt(ss * (1/D) + eps)`` ``[n, 1]`` of bf16-exact fp32 rows ``x`` ``[n, D]``.
+
+    ``ss`` is summed in fp32 in the kernels' order; the reciprocal square root is
+    correctly rounded here, the kernels' ``rsqrtf`` is approximate (rarely one ulp
+    apart, which can move one bf16 latent element by one ulp).
+    """
     ss = _warp_sum(_lane_squares(x))
     eps32 = torch.tensor(eps, dtype=_F32, device=x.device)
     mean = ss * (1.0 / x.shape[1]) + eps32  # the multiply by 2^-k is exact
-    nf = torch.rsqrt(mean.to(torch.float64)).to(_F32)
+    return torch.rsqrt(mean.to(torch.float64)).to(_F32)
+
+
+def rms_norm_bf16(x: torch.Tensor, weight: torch.Tensor, eps: float, nf: torch.Tensor | None = None) -> torch.Tensor:
+    """``bf16((x * nf) * w)`` as fp32 for bf16-exact fp32 rows ``x`` ``[n, D]`` (``nf`` default :func:`norm_factor`)."""
+    if nf is None:
+        nf = norm_factor(x, eps)
     return bf16_round((x * nf) * weight.to(_F32))
 
 
