@@ -101,22 +101,23 @@ def check_separate(written: dict[str, torch.Tensor], read: dict[str, torch.Tenso
 # --------------------------------------------------------------------------
 
 
+def check_range(arg: str, values: torch.Tensor, limit: int, what: str) -> None:
+    """Every value lies in ``[0, limit)``; ``what`` names the values and the limit in the message."""
+    if not values.numel():
+        return
+    lo, hi = int(values.min()), int(values.max())
+    if lo < 0 or hi >= limit:
+        fail(arg, f"{what.format(limit=limit)}", f"range [{lo}, {hi}]")
+
+
 def check_rope_rows(arg: str, rope_pos: torch.Tensor, table_rows: int, what: str) -> None:
     """RoPE table rows that will be read lie in ``[0, table_rows)``."""
-    if not rope_pos.numel():
-        return
-    lo, hi = int(rope_pos.min()), int(rope_pos.max())
-    if lo < 0 or hi >= table_rows:
-        fail(arg, f"{what} in [0, {table_rows}) (rows of freqs_cis)", f"range [{lo}, {hi}]")
+    check_range(arg, rope_pos, table_rows, what + " in [0, {limit}) (rows of freqs_cis)")
 
 
 def check_slots(arg: str, slots: torch.Tensor, capacity: int, what: str) -> None:
     """Stored slots lie inside the cache and are distinct (duplicates would race on the GPU)."""
-    if not slots.numel():
-        return
-    lo, hi = int(slots.min()), int(slots.max())
-    if lo < 0 or hi >= capacity:
-        fail(arg, f"{what} in [0, {capacity}) (slots of the cache)", f"range [{lo}, {hi}]")
+    check_range(arg, slots, capacity, what + " in [0, {limit}) (slots of the cache)")
     ordered = torch.sort(slots).values
     same = ordered[1:] == ordered[:-1]
     if bool(same.any()):
@@ -125,14 +126,8 @@ def check_slots(arg: str, slots: torch.Tensor, capacity: int, what: str) -> None
 
 def check_ring_rows(req: torch.Tensor, rows: torch.Tensor, ring_size: int, state_rows: int) -> None:
     """``req * ring + ring <= kv_state rows`` for the rows that touch the ring."""
-    r = req[rows]
-    if not r.numel():
-        return
-    lo, hi = int(r.min()), int(r.max())
-    limit = state_rows // ring_size
-    if lo < 0 or hi >= limit:
-        fail("req", f"request slots in [0, {limit}) (kv_state has {state_rows} rows, ring {ring_size})",
-             f"range [{lo}, {hi}]")
+    check_range("req", req[rows], state_rows // ring_size,
+                f"request slots in [0, {{limit}}) (kv_state has {state_rows} rows, ring {ring_size})")
 
 
 def check_non_negative(arg: str, t: torch.Tensor) -> None:
