@@ -21,10 +21,17 @@ CASES = [
     ("c2_prefill", ["V4", "V41", "V41_FP4"]),
 ]
 _NF_ULPS = 2  # the kernels' approximate rsqrtf vs the reference's correctly rounded one
+# the reference is plain torch: on a GPU it must give the same bytes as on the CPU (run with -m gpu)
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+
+
+def _on(r: dict, device: str) -> dict:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in r.items()}
 
 
 def _freqs(r: dict) -> torch.Tensor:
-    f = torch.full((r["freqs_num_rows"], 64), float("nan"))  # rows the ops must not read
+    f = torch.full((r["freqs_num_rows"], 64), float("nan"), device=r["freqs_rows"].device)  # rows never read
     f[r["freqs_index"]] = r["freqs_rows"]
     return f
 
@@ -60,19 +67,22 @@ def _latent_rows_explained_by_rsqrt(r: dict, out: torch.Tensor, rows: torch.Tens
     return False
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case,layout", [(c, lay) for c, lays in CASES for lay in lays])
-def test_golden_low_ratio(case: str, layout: str) -> None:
+def test_golden_low_ratio(case: str, layout: str, device: str) -> None:
     r = load_golden_gz(f"v41/{case}.pt.gz")
-    cache = _poisoned_cache(r, layout)
+    cache = _poisoned_cache(r, layout).to(device)
     poison = torch.full((r["kv_input"].shape[0], 512), r["kv_output_before_fill_bits"] - 0x10000, dtype=torch.int16)
-    out = poison.clone().view(torch.bfloat16)
+    out = poison.clone().view(torch.bfloat16).to(device)
+    expected, r = r, _on(r, device)
     common = dict(page_size=r["page_size"], layout=layout.lower(), out=out)
     want_state = None
     if case.startswith("c1"):
         fc.c1_decode_norm_rope_store(r["kv_input"], r["norm_weight"], r["positions"], r["out_loc"], r["eps"],
                                      _freqs(r), cache, **common)
     else:
-        state, want_state = _ring(r)
+        state, want_state = _ring(expected)
+        state = state.to(device)
         args = (r["kv_input"], state, r["norm_weight"], r["positions"], r["req"], r["raw_out_loc"], r["eps"],
                 _freqs(r), cache)
         if case == "c2_prefill":
@@ -80,8 +90,9 @@ def test_golden_low_ratio(case: str, layout: str) -> None:
                                           ring_size=r["ring_size"], **common)
         else:
             fc.c2_decode_norm_rope_store(*args, ring_size=r["ring_size"], draft_len=r["draft_len"], **common)
-        assert torch.equal(_bits(state), _bits(want_state)), "pair ring differs"
+        assert torch.equal(_bits(state.cpu()), _bits(want_state.cpu())), "pair ring differs"
 
+    r, cache, out = expected, cache.cpu(), out.cpu()
     assert torch.equal(cache, r["cache_after"][layout]), f"{int((cache != r['cache_after'][layout]).sum())} cache bytes differ"
     written = r["kv_output_written"]
     # rows the kernel does not write are left as they were (the 0xA5A5 poison)
@@ -94,13 +105,16 @@ def test_golden_low_ratio(case: str, layout: str) -> None:
         assert not bool(bad.any()), f"latent rows {bad.nonzero().squeeze(1).tolist()} differ"
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ["index_k_r1", "index_k_r2"])
-def test_golden_index_k(case: str) -> None:
+def test_golden_index_k(case: str, device: str) -> None:
     r = load_golden_gz(f"v41/{case}.pt.gz")
     (want,) = r["cache_after"].values()
-    cache = torch.full(want.shape, r["cache_before_fill"], dtype=torch.uint8)
-    fc.index_k_norm_rope_pack_store(r["input"], r["norm_weight"], r["eps"], _freqs(r), r["positions"], r["loc"],
-                                    cache, ratio=r["ratio"])
+    cache = torch.full(want.shape, r["cache_before_fill"], dtype=torch.uint8, device=device)
+    d = _on(r, device)
+    fc.index_k_norm_rope_pack_store(d["input"], d["norm_weight"], r["eps"], _freqs(d), d["positions"],
+                                    d["loc"], cache, ratio=r["ratio"])
+    cache = cache.cpu()
     assert torch.equal(cache, want), f"{int((cache != want).sum())} bytes differ"
 
 

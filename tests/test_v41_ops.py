@@ -272,3 +272,16 @@ def test_index_k_ratio_masking_sentinels_and_pages(page_size: int) -> None:
         flat[base + 64 * j: base + 64 * j + 64] = 0xA5
         flat[base + a.scale_base + 4 * j: base + a.scale_base + 4 * j + 4] = 0xA5
     assert (flat == 0xA5).all()  # loc 0 / -1 rows and every other byte untouched
+
+
+def test_fp8_cache_view_and_caller_out() -> None:
+    """The pool's float8_e4m3fn view of the cache gets the same bytes; a caller's ``out`` is filled in place."""
+    x = _latent_rows(3, 11)
+    pos, loc = torch.tensor([1, 2, 3]), torch.tensor([4, 0, 6])
+    ref = _cache(L.V41, 8)
+    want = fc.c1_decode_norm_rope_store(x, _weight(), pos, loc, 1e-20, _freqs(), ref, page_size=8, layout=L.V41)
+    view = _cache(L.V41, 8).view(torch.float8_e4m3fn)
+    out = torch.full((3, 512), 7.0, dtype=BF16)
+    got = fc.c1_decode_norm_rope_store(x, _weight(), pos, loc, 1e-20, _freqs(), view, page_size=8, layout="V41",
+                                       out=out)
+    assert got is out and torch.equal(out, want) and torch.equal(view.view(torch.uint8), ref)
