@@ -12,7 +12,8 @@ Follows ``spec/v41.md`` §2-§5 literally:
   (:mod:`.v41_quant`).
 * Ratio 2 pools each (even, odd) pair with a per-channel 2-way softmax,
   ``(k0*a0 + k1*a1) / (1 + e)``, ``e = exp(-|s0 - s1|)``, the even token
-  waiting in the pair ring (``kv_state``) when it is not in the same batch.
+  waiting in the pair ring (``kv_state``) when it is not in the same batch;
+  the pooled row is rounded to bf16 before the norm, and RoPE uses row ``pos - 1``.
 
 Every function takes already validated tensors (``flashcompress.v41.api`` checks them)
 and writes its outputs in place; nothing here loops over rows in Python.
