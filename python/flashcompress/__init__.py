@@ -9,6 +9,9 @@ API modules):
   compress_norm_rope_store                      RMSNorm + RoPE (+ Hadamard) + quantised paged store
   compress_and_store                            both in one call (CUDA: the fused kernel, no intermediate)
   is_overlap_compress                           ratio 4 uses overlapping windows
+  KVLayout, c1_decode_norm_rope_store, c2_decode_norm_rope_store,
+  c2_prefill_norm_rope_store, index_k_norm_rope_pack_store
+                                                DeepSeek-V4.1 ratio-1/2 layers (flashcompress.v41)
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ __all__ = [
     "compress_forward",
     "compress_norm_rope_store",
     "is_overlap_compress",
+    "KVLayout",
+    "c1_decode_norm_rope_store",
+    "c2_decode_norm_rope_store",
+    "c2_prefill_norm_rope_store",
+    "index_k_norm_rope_pack_store",
     "__version__",
 ]
 
@@ -34,11 +42,18 @@ _LAZY = {
     "compress_forward": "api",
     "compress_norm_rope_store": "api",
     "is_overlap_compress": "api",
+    "KVLayout": "v41",
+    "c1_decode_norm_rope_store": "v41",
+    "c2_decode_norm_rope_store": "v41",
+    "c2_prefill_norm_rope_store": "v41",
+    "index_k_norm_rope_pack_store": "v41",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from .api import compress_and_store, compress_forward, compress_norm_rope_store, is_overlap_compress
     from .plans import CompressorDecodePlan, CompressorPrefillPlan
+    from .v41 import (KVLayout, c1_decode_norm_rope_store, c2_decode_norm_rope_store, c2_prefill_norm_rope_store,
+                      index_k_norm_rope_pack_store)
 
 
 def __getattr__(name: str) -> Any:
