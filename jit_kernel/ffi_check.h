@@ -254,7 +254,6 @@ class GpuDeviceGuard {
 #define FC_CHECK_GPU_ERROR(stmt) TVM_FFI_CHECK_CUDA_ERROR(stmt)
 using GpuDeviceGuard = ::tvm::ffi::CUDADeviceGuard;
 #endif  // FC_GPU_HIP
-#endif  // !FC_HOST_ONLY
 
 // The DLPack device type of this build's GPU runtime: every tensor a kernel reads lives there.
 inline constexpr DLDeviceType kGpuDeviceType = FC_GPU_HIP ? kDLROCM : kDLCUDA;
@@ -270,6 +269,7 @@ void launch_on(DLDevice device, gpuError_t (*launcher)(const Args&, gpuStream_t)
   GpuDeviceGuard guard(device.device_id);
   FC_CHECK_GPU_ERROR(launcher(args, stream_of(device)));
 }
+#endif  // !FC_HOST_ONLY
 
 }  // namespace ffi_check
 }  // namespace flashcompress

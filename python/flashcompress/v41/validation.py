@@ -49,27 +49,27 @@ def check_page_size(page_size: object) -> int:
     return page_size  # type: ignore[return-value]
 
 
-def check_freqs(freqs_cis: object, device: torch.device) -> torch.Tensor:
+def check_freqs(freqs_cis: object, device: int) -> torch.Tensor:
     """``[rows, 64]`` fp32 RoPE table, (cos, sin) interleaved per pair."""
     f = check_tensor("freqs_cis", freqs_cis, dtypes=_F32, ndim=_2D, device=device)
     check_size("freqs_cis", f, 1, ROPE_DIM, "(cos, sin) of 32 rotation pairs")
     return f
 
 
-def check_index(arg: str, t: object, n: int, device: torch.device, dtypes: tuple[torch.dtype, ...] = _INDEX) -> torch.Tensor:
+def check_index(arg: str, t: object, n: int, device: int, dtypes: tuple[torch.dtype, ...] = _INDEX) -> torch.Tensor:
     """A ``[n]`` integer metadata tensor."""
     t = check_tensor(arg, t, dtypes=dtypes, ndim=_1D, device=device)
     check_size(arg, t, 0, n, "one entry per input row")
     return t
 
 
-def check_weight(norm_weight: object, dim: int, device: torch.device) -> torch.Tensor:
+def check_weight(norm_weight: object, dim: int, device: int) -> torch.Tensor:
     w = check_tensor("norm_weight", norm_weight, dtypes=_BF16, ndim=_1D, device=device)
     check_size("norm_weight", w, 0, dim, "the RMSNorm width")
     return w
 
 
-def check_kv_cache(k_cache: object, device: torch.device, layout: KVLayout, page_size: int) -> torch.Tensor:
+def check_kv_cache(k_cache: object, device: int, layout: KVLayout, page_size: int) -> torch.Tensor:
     """``[pages, layout.page_bytes(page_size)]`` uint8 (or its float8_e4m3fn view)."""
     c = check_tensor("k_cache", k_cache, dtypes=_CACHE, ndim=_2D, device=device)
     pb = layout.page_bytes(page_size)
@@ -78,7 +78,7 @@ def check_kv_cache(k_cache: object, device: torch.device, layout: KVLayout, page
     return c
 
 
-def check_out(out: object, n: int, device: torch.device) -> torch.Tensor | None:
+def check_out(out: object, n: int, device: int) -> torch.Tensor | None:
     if out is None:
         return None
     o = check_tensor("out", out, dtypes=_BF16, ndim=_2D, device=device)
@@ -157,7 +157,7 @@ def check_c1(kv_input: object, norm_weight: object, positions: object, out_loc: 
              freqs_cis: object, k_cache: object, page_size: object, layout: object, out: object) -> C1Args:
     x = check_tensor("kv_input", kv_input, dtypes=_BF16, ndim=_2D)
     check_size("kv_input", x, 1, LATENT_DIM, "the latent width")
-    n, dev = x.shape[0], x.device
+    n, dev = x.shape[0], x.get_device()
     lay = KVLayout.parse(layout)
     ps = check_page_size(page_size)
     a = C1Args(x, check_weight(norm_weight, LATENT_DIM, dev), check_index("positions", positions, n, dev),
@@ -196,7 +196,7 @@ def check_c2(kv_input: object, kv_state: object, norm_weight: object, positions:
     """Checks shared by c2 decode / verify / prefill (metadata only; see :func:`check_c2_values`)."""
     x = check_tensor("kv_input", kv_input, dtypes=_F32, ndim=_2D)
     check_size("kv_input", x, 1, PAIR_STATE_WIDTH, "kv (512) | score (512)")
-    n, dev = x.shape[0], x.device
+    n, dev = x.shape[0], x.get_device()
     state = check_tensor("kv_state", kv_state, dtypes=_F32, ndim=_2D, device=dev)
     check_size("kv_state", state, 1, PAIR_STATE_WIDTH, "kv (512) | score (512) per ring row")
     lay = KVLayout.parse(layout)
@@ -255,7 +255,7 @@ def check_c2_decode(a: C2Args, draft_len: object) -> int:
 
 
 def check_c2_prefill(a: C2Args, extend_start_loc: object, extend_seq_lens: object) -> tuple[torch.Tensor, torch.Tensor]:
-    dev = a.kv_input.device
+    dev = a.kv_input.get_device()
     start = check_tensor("extend_start_loc", extend_start_loc, dtypes=_I32, ndim=_1D, device=dev)
     lens = check_tensor("extend_seq_lens", extend_seq_lens, dtypes=_I32, ndim=_1D, device=dev)
     check_size("extend_seq_lens", lens, 0, start.shape[0], "one length per request of extend_start_loc")
@@ -292,7 +292,7 @@ def check_index_k(input: object, norm_weight: object, eps: object, freqs_cis: ob
                   loc: object, cache: object, ratio: object) -> IndexKArgs:
     x = check_tensor("input", input, dtypes=_BF16, ndim=_2D)
     check_size("input", x, 1, INDEX_K_DIM, "the index-key width")
-    n, dev = x.shape[0], x.device
+    n, dev = x.shape[0], x.get_device()
     r = check_int("ratio", ratio)
     if r not in LOW_RATIOS:
         fail("ratio", f"one of {LOW_RATIOS}", r)
