@@ -80,8 +80,8 @@ def binding_rows(b, s, layer, store, what: str, iters: int, timer: C.Timer) -> l
 
     fmt = select_cache_format(layer.head_dim, store.use_fp4, store.bf16_store)
     f32 = torch.float32
-    comp = cc._module(layer.ratio, layer.online, layer.head_dim, f32, b.state.dtype, f32, "none")
-    fused = cc._module(layer.ratio, layer.online, layer.head_dim, f32, b.state.dtype, f32, fmt.name)
+    comp = cc._module(layer.ratio, layer.online, layer.head_dim, f32, b.state.dtype, f32, "none", "auto")
+    fused = cc._module(layer.ratio, layer.online, layer.head_dim, f32, b.state.dtype, f32, fmt.name, "auto")
     st = cs.store_module(fmt, f32)
     freq = b.freq_cis.view(torch.float32)
     cache = b.cache(store)
