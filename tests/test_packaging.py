@@ -162,3 +162,11 @@ def test_hip_toolchain_rejects_a_bad_value(tmp_path: Path) -> None:
     rc, out, asked = _hip_toolchain(tmp_path, tty=False, FC_CI_APT="yes")
     assert rc == 2 and "FC_CI_APT must be 0 or 1" in out, out
     assert asked == ""
+
+
+def test_every_python_package_is_listed() -> None:
+    """A subpackage missing from [tool.setuptools] packages is left out of the installed wheel."""
+    listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    src = REPO / "python"
+    found = {".".join(p.parent.relative_to(src).parts) for p in src.rglob("__init__.py")}
+    assert found - listed == set(), f"packages not listed in pyproject.toml: {sorted(found - listed)}"
