@@ -17,6 +17,7 @@
 
 #include "arch.cuh"
 #include "compress_launch.h"
+#include "layout.h"
 #include "vec.cuh"
 
 namespace flashcompress {
@@ -49,9 +50,10 @@ struct Cfg {
   using TState = typename TypeOf<kState>::type;
   using TOut = typename TypeOf<kOut>::type;
 
-  static constexpr int W = kRatio == 4 ? 8 : 128;  // window entries
-  static constexpr int kInWidth = kRatio == 4 ? 4 * H : 2 * H;
-  static constexpr int kStateWidth = kOnline ? 3 * H : kInWidth;
+  static constexpr int W = static_cast<int>(window_size(kRatio));  // window entries (layout.h)
+  static constexpr int kInWidth = static_cast<int>(input_width(kRatio, H));
+  static constexpr int kStateWidth = static_cast<int>(state_width(kRatio, H, kOnline));
+  static_assert(is_layer_kind(kRatio, H, kOnline), "not a compressor layer kind (layout.h kLayerKinds)");
 
   // Tiling (the table in the file header; why: docs/kernel-design.md).
   static constexpr bool kOnlineDecode = kOnline && kDecode;
