@@ -1,13 +1,13 @@
-// flashcompress: compress family, the decode kernel (one token per request, plan DecodePlan [B]).
+// flashcompress: compress family, the C128 and online C128 decode kernel (one token per request,
+// plan DecodePlan [B]; ratio 4 has its own kernel, compress_decode_c4.cuh).
 //
 // A team (block, or cluster of kCSplit blocks) handles a run of consecutive requests, as many as
 // make the grid one wave of resident blocks. Per request it writes its share of the request's
-// input row into state row write_loc and pools the request if it closes a window (C4: seq_len %
-// 4 == 0; C128: write_loc % 128 == 127; online: offset 127 emits, any other offset stores the
-// running state). The window entry the same launch writes is read from the request's own input
-// row (rounded through TState), so no thread waits on another's store. C128 copies the shares of
-// all its requests up front; C4 stages each share in shared memory by cp.async and writes it
-// after issuing the pooling, and reads its bias rows from a copy staged once.
+// input row into state row write_loc and pools the request if it closes a window (C128:
+// write_loc % 128 == 127; online: offset 127 emits, any other offset stores the running state).
+// The window entry the same launch writes is read from the request's own input row (rounded
+// through TState), so no thread waits on another's store. C128 copies the shares of all its
+// requests up front.
 #pragma once
 
 #include <cstdint>
@@ -19,33 +19,12 @@
 namespace flashcompress {
 namespace compress {
 
-// C4 decode: stage this block's share of request b's input row in shared memory; write_copy
-// stores it into the state row write_loc once the pooling of the request has been issued.
-template <class C>
-__device__ __forceinline__ void stage_copy(const CompressArgs& a, Smem<C>& sm, int team, int u, int share, int64_t b) {
-  if constexpr (C::kStageCopy) {
-    using TIn = typename C::TIn;
-    const TIn* src = static_cast<const TIn*>(a.input) + b * C::kInWidth + 4 * share * C::kCopyVecs;
-    for (int k = u; k < C::kCopyVecs; k += C::kTeamThreads) async_copy<sizeof(Vec<TIn, 4>)>(&sm.copy[team][k], src + 4 * k);
-  }
-}
-
-template <class C>
-__device__ __forceinline__ void write_copy(const CompressArgs& a, const Smem<C>& sm, int team, int u, int share,
-                                           int64_t write_loc) {
-  if constexpr (C::kStageCopy) {
-    typename C::TState* dst = static_cast<typename C::TState*>(a.state) + write_loc * C::kStateWidth +
-                              4 * share * C::kCopyVecs;
-    for (int k = u; k < C::kCopyVecs; k += C::kTeamThreads) store_state_vec<C>(dst + 4 * k, sm.copy[team][k]);
-  }
-}
-
 // C128 decode: copy this block's share of the input rows of requests [first, last) into their
 // state rows up front. kChunk vectors per thread are loaded before any is stored, so the loads of
 // a chunk are in flight together (a store may alias a later load for the compiler).
 template <class C>
 __device__ __forceinline__ void copy_rows_share(const CompressArgs& a, int64_t first, int64_t last, int u, int share) {
-  if constexpr (C::kCopyRows && !C::kStageCopy) {
+  if constexpr (C::kCopyRows) {
     using TIn = typename C::TIn;
     using TState = typename C::TState;
     constexpr int kChunk = 4;
@@ -74,13 +53,12 @@ __device__ __forceinline__ void copy_rows_share(const CompressArgs& a, int64_t f
 }
 
 // Decode: a team handles requests [first, first + a.reqs_per_team), one after the other. C128
-// copies the team's share of all their input rows into the state first; C4 stages each
-// request's share (async) as the request starts. Per request the team reads the plan row, pools
-// the request if it closes a window (the staged copy and store operands fly meanwhile), then
-// writes the staged copy into the state and stores the pooled row: a closing C4 request waits
-// for two memory round trips, {plan row, input share} and {window rows, RoPE row}.
+// copies the team's share of all their input rows into the state first. Per request the team
+// reads the plan row, pools the request if it closes a window (the store operands fly
+// meanwhile), then stores the pooled row.
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(const CompressArgs a) {
+  static_assert(C::kRatio == 128, "ratio-4 decode is decode_c4_kernel (compress_decode_c4.cuh)");
   __shared__ Smem<C> sm;
   int rank, team, u;
   int64_t group;
@@ -99,7 +77,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   int row_count = 0;                         // rows the team has stored
   bool entry_pending = C::kCluster;
   for (int64_t b = first; b < last; ++b) {  // uniform across the team (and the cluster)
-    stage_copy<C>(a, sm, team, u, rank, b);
     const DecodePlan p = plan[b];
     RowTarget t{};
     t.out_row = b;
@@ -119,12 +96,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       w.hi = 1;
       w.bias_base = off;
     } else {
-      if constexpr (C::kRatio == 4) {
-        t.emit = p.seq_len % 4u == 0;
-        w.lo = p.seq_len > 4 ? 0 : 4;
-      } else {
-        t.emit = p.write_loc % 128 == 127;
-      }
+      t.emit = p.write_loc % 128 == 127;
       w.hi = C::W;
       w.buf_len = C::W;
       w.page0 = p.read_page_0;
@@ -137,14 +109,12 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
     async_commit();
     if (!C::kOnline && !t.emit) {  // only the copy: nothing pooled, nothing stored
       async_wait<0>();
-      write_copy<C>(a, sm, team, u, rank, p.write_loc);
       if constexpr (!C::kStoreRows) zero_out_row<C>(a, b, u, rank);
       continue;
     }
-    async_wait<1>();  // the row-independent stage (the bias) has landed; this row's may fly on
+    async_wait<1>();  // the row-independent stage has landed; this row's may fly on
     pool_row<C>(w, t, a, sm, team, u, rank);
     async_wait<0>();
-    write_copy<C>(a, sm, team, u, rank, p.write_loc);
     if (t.emit) {
       store_pooled_row<C>(t, a, sm, team, u, rank, row_count, entry_pending);
       ++row_count;
