@@ -58,7 +58,7 @@ __device__ __forceinline__ void copy_rows_share(const CompressArgs& a, int64_t f
 // meanwhile), then stores the pooled row.
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(const CompressArgs a) {
-  static_assert(C::kRatio == 128, "ratio-4 decode is decode_c4_kernel (compress_decode_c4.cuh)");
+  static_assert(C::kRatio == 128, "ratio-4 decode is c4_decode_kernel (compress_decode_c4.cuh)");
   __shared__ Smem<C> sm;
   int rank, team, u;
   int64_t group;

@@ -139,9 +139,11 @@ __device__ __forceinline__ float pool_channel(const WindowRegs<C>& w, int i, boo
   return n / s;
 }
 
+}  // namespace c4
+
 // Decode: a team handles requests [first, first + a.reqs_per_team), one after the other.
 template <class C>
-__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_c4_kernel(const CompressArgs a) {
+__global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) c4_decode_kernel(const CompressArgs a) {
   static_assert(C::kRatio == 4 && C::kDecode && !C::kOnline && C::kCSplit == 1 && C::kSplit == 1 &&
                     C::kTeamThreads * 4 == C::H,
                 "ratio-4 decode: one team of H / 4 threads per request, whole row");
@@ -178,9 +180,9 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_c4_kernel(c
     // The copy goes first: a window is then read as the reference sees it (the row written
     // here, at own entry 7 for the plans this library builds, is read back in program order).
     // The copy share arrives with the plan row, so the window's burst waits for nothing more.
-    store_copy<C>(dst, x);
+    c4::store_copy<C>(dst, x);
     if (p.seq_len % 4u != 0) {  // no window closes: (kNone) a zero row
-      if constexpr (!C::kStoreRows) store_vec<TOut, 4>(static_cast<TOut*>(a.out) + b * C::H + c, zero_vec<TOut>());
+      if constexpr (!C::kStoreRows) store_vec<TOut, 4>(static_cast<TOut*>(a.out) + b * C::H + c, c4::zero_vec<TOut>());
       continue;
     }
     RowTarget t{};
@@ -197,13 +199,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_c4_kernel(c
     const bool overlap = p.seq_len > 4;
     const TState* st0 = state + static_cast<int64_t>(p.read_page_0) * 4 * C::kStateWidth + c;
     const TState* st1 = state + static_cast<int64_t>(p.read_page_1) * 4 * C::kStateWidth + c;
-    WindowRegs<C> w;
+    c4::WindowRegs<C> w;
 #pragma unroll
     for (int e = 0; e < 8; ++e) w.bias[e] = load_vec<TIn, 4>(ape + e * C::H + c);
-    load_window<C>(w, st0, st1, overlap);
+    c4::load_window<C>(w, st0, st1, overlap);
     float k[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) k[i] = pool_channel<C>(w, i, overlap);
+    for (int i = 0; i < 4; ++i) k[i] = c4::pool_channel<C>(w, i, overlap);
     if constexpr (C::kStoreRows) {
       float* row = &sm.row[team][c];
 #pragma unroll
@@ -220,20 +222,17 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_c4_kernel(c
   }
 }
 
-}  // namespace c4
-
 // Launch: as many requests per team as make the grid one wave of resident blocks (a request that
 // closes no window costs only its row copy, so fewer, fuller blocks finish sooner).
 template <class C>
 gpuError_t launch_decode_c4(const CompressArgs& a, gpuStream_t stream) {
-  const int64_t resident = KernelOccupancy<c4::decode_c4_kernel<C>>::resident(C::kThreads, 1);
+  const int64_t resident = KernelOccupancy<c4_decode_kernel<C>>::resident(C::kThreads, 1);
   if (resident <= 0) return static_cast<gpuError_t>(-resident);
   const int64_t teams = resident * C::kTeams;
   CompressArgs d = a;
   d.reqs_per_team = teams > 0 ? (a.rows + teams - 1) / teams : 1;
   const int64_t per = C::kTeams * d.reqs_per_team;
-  return launch_kernel(c4::decode_c4_kernel<C>,
-                       {static_cast<unsigned>((a.rows + per - 1) / per), C::kThreads, 0, 1, kPdlLaunch}, stream, d);
+  return launch_kernel(c4_decode_kernel<C>, {static_cast<unsigned>((a.rows + per - 1) / per), C::kThreads, 0, 1, kPdlLaunch}, stream, d);
 }
 
 }  // namespace compress
