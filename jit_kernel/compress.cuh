@@ -3,7 +3,8 @@
 // header is the launcher (CompressLaunch::run, compress_launch.h); the pieces, by role:
 //   compress_config.cuh    Cfg: types, widths, tiling       compress_pool.cuh      pooling, row pipeline
 //   compress_epilogue.cuh  store epilogue                   compress_decode.cuh    decode kernel
-//   compress_prefill.cuh   prefill passes 1 and 2           (design notes: docs/kernel-design.md)
+//   compress_prefill.cuh   prefill passes 1 and 2           compress_decode_c128.cuh  C128 decode (clusters)
+//   (design notes: docs/kernel-design.md)
 //
 // Tensors (H = head dim, W = window = 8 for ratio 4 / 128 for ratio 128; all contiguous):
 //   state   [state_rows, width] TState  C4: width 4H, a raw copy of a token's input row;
@@ -30,6 +31,7 @@
 
 #include "compress_config.cuh"
 #include "compress_decode.cuh"
+#include "compress_decode_c128.cuh"
 #include "compress_launch.h"
 #include "compress_prefill.cuh"
 #include "gpu_runtime.h"
@@ -56,14 +58,19 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kT
     // As many requests per team as make the grid one wave of resident blocks: a request that
     // closes no window costs only its row copy, so fewer, fuller blocks finish sooner.
     using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kDecode>;
-    constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
-    const int64_t resident = KernelOccupancy<decode_kernel<C>>::resident(C::kThreads, kCluster);
-    if (resident <= 0) return static_cast<gpuError_t>(-resident);
-    const int64_t teams = resident / C::kCSplit * C::kTeams;
-    CompressArgs d = a;
-    d.reqs_per_team = teams > 0 ? (a.rows + teams - 1) / teams : 1;
-    return launch_kernel(decode_kernel<C>, {row_grid<C>(a.rows, d.reqs_per_team), C::kThreads, 0, kCluster, kPdlLaunch},
-                         stream, d);
+    // C128 (clusters available): one block per (request, 64-channel slice), no team walk.
+    if constexpr (kC128Burst<C>) {
+      return launch_decode_c128<C>(a, stream);
+    } else {
+      constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
+      const int64_t resident = KernelOccupancy<decode_kernel<C>>::resident(C::kThreads, kCluster);
+      if (resident <= 0) return static_cast<gpuError_t>(-resident);
+      const int64_t teams = resident / C::kCSplit * C::kTeams;
+      CompressArgs d = a;
+      d.reqs_per_team = teams > 0 ? (a.rows + teams - 1) / teams : 1;
+      return launch_kernel(decode_kernel<C>, {row_grid<C>(a.rows, d.reqs_per_team), C::kThreads, 0, kCluster, kPdlLaunch},
+                           stream, d);
+    }
   }
   using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kPrefill>;
   constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
