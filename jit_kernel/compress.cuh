@@ -2,8 +2,9 @@
 // rows (compress_forward), optionally ending in the store epilogue (compress_and_store). This
 // header is the launcher (CompressLaunch::run, compress_launch.h); the pieces, by role:
 //   compress_config.cuh    Cfg: types, widths, tiling       compress_pool.cuh      pooling, row pipeline
-//   compress_epilogue.cuh  store epilogue                   compress_decode.cuh    C128 / online decode
-//   compress_decode_c4.cuh C4 decode kernel                 compress_prefill.cuh   prefill passes 1 and 2
+//   compress_epilogue.cuh  store epilogue                   compress_decode.cuh    online / whole-row decode
+//   compress_decode_c4.cuh C4 decode kernel                 compress_decode_c128.cuh  C128 decode (clusters)
+//   compress_prefill.cuh   prefill passes 1 and 2
 //   (design notes: docs/kernel-design.md)
 //
 // Tensors (H = head dim, W = window = 8 for ratio 4 / 128 for ratio 128; all contiguous):
@@ -31,6 +32,7 @@
 
 #include "compress_config.cuh"
 #include "compress_decode.cuh"
+#include "compress_decode_c128.cuh"
 #include "compress_decode_c4.cuh"
 #include "compress_launch.h"
 #include "compress_prefill.cuh"
@@ -58,9 +60,12 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kT
     using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kDecode>;
     if constexpr (kRatio == 4) {
       return launch_decode_c4<C>(a, stream);
+    } else if constexpr (kC128Burst<C>) {
+      // C128 (clusters available): one block per (request, 64-channel slice), no team walk.
+      return launch_decode_c128<C>(a, stream);
     } else {
-      // As many requests per team as make the grid one wave of resident blocks: a request that
-      // closes no window costs only its row copy, so fewer, fuller blocks finish sooner.
+      // Online C128 and the whole-row tiling: as many requests per team as make the grid one
+      // wave of resident blocks (a request that closes no window costs only its row copy).
       constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
       const int64_t resident = KernelOccupancy<decode_kernel<C>>::resident(C::kThreads, kCluster);
       if (resident <= 0) return static_cast<gpuError_t>(-resident);
