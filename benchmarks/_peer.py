@@ -513,12 +513,18 @@ def bench_specs(peer: Peer) -> list[ModuleSpec]:
     return specs
 
 
+def v41_specs(peer: Peer) -> list[ModuleSpec]:
+    """The V4.1 fused modules at V4.1-Flash's pool page sizes (c1 256, c2 128, index-K 64), V4 layout."""
+    return [peer.c1_spec(512, 256), peer.c2_spec(512, 128), peer.index_k_spec(128, 64, 2)]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Find / build the peer's kernels (SGLang) for the --peer benchmarks.")
     p.add_argument("--prewarm", action="store_true", help="build every module the op benchmarks use, in parallel")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--jobs", type=int, default=None)
     p.add_argument("--arch", default=None, help="build for this target without a GPU, e.g. 9.0a (compile check)")
+    p.add_argument("--v41", action="store_true", help="also the V4.1 c1 / c2 / index-K modules")
     p.add_argument("--only", default="", help="comma list of module-name substrings to prewarm")
     args = p.parse_args(argv)
     peer = Peer(args.device, arch=args.arch)
@@ -529,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import time
 
         t0 = time.perf_counter()
-        specs = [s for s in bench_specs(peer)
+        specs = [s for s in bench_specs(peer) + (v41_specs(peer) if args.v41 else [])
                  if not args.only or any(o in s.name for o in args.only.split(","))]
         errs = peer.prewarm(specs, args.jobs)
         print(f"prewarm: {len(specs) - len(errs)} of {len(specs)} modules ready in {time.perf_counter() - t0:.1f} s")
