@@ -740,22 +740,23 @@ class PeerSide:
                 self.note(err)
 
     def time(self, timer: Timer, make_calls: Callable[[], Sequence[Callable[[], object]]],
-             label: str) -> Timing | None:
-        """Time the peer's calls for one row; None (and a note, once) when the peer op is unavailable."""
+             label: str) -> tuple[Timing | None, Sequence[Callable[[], object]]]:
+        """(timing, calls) of the peer's calls for one row; (None, []) and a note (once) when the
+        peer op is unavailable."""
         if not self.peer.available:
-            return None
+            return None, []
         try:
             calls = make_calls()
         except self.mod.PeerUnavailable as exc:
             self.note(str(exc))
-            return None
+            return None, []
         except Exception as exc:  # a shape/dtype the peer rejects at construction
             self.note(f"{label}: {short_error(exc)}")
-            return None
+            return None, []
         t = measure_all(timer, calls)
         if t.err:
             self.notes.append(f"{label} peer: {t.err}")
-        return t
+        return t, (calls if t.cold is not None else [])
 
 
 # ----------------------------------------------------------------------------- targets
@@ -824,7 +825,45 @@ def result_row(timer: Timer, case: str, layer: str, cold: float | None, ahead: b
 
 PEER_COLUMNS = ["case", "layer", "cold us", "clean us", "graph us", "peer cold", "peer clean", "peer graph",
                 "fc/peer cold", "fc/peer clean", "fc/peer graph", "min MB", "GB/s", "% copy", "peer % copy",
-                "issue peer", "target", "ok"]
+                "issue peer", "target", "ok", "vs peer"]
+
+
+def peer_delta(fc_call: Callable[[], object], peer_call: Callable[[], object], written: Sequence[torch.Tensor],
+               state: Sequence[torch.Tensor] = ()) -> str:
+    """How far the peer's result is from ours on the same inputs (the ``vs peer`` column).
+
+    Both calls start from the same ``state`` (restored from a snapshot) and zeroed ``written``
+    tensors; afterwards ``written`` and ``state`` are compared: float tensors by the largest
+    absolute difference (``d=...``), byte tensors (caches) by the number of differing bytes
+    (``NB``; fp8 / fp4 codes may differ by a rounding step where the fp32 inputs differ).
+    ``state`` is left as the snapshot was.
+    """
+    try:
+        snaps = [t.clone() for t in state]
+
+        def run(call: Callable[[], object]) -> list[torch.Tensor]:
+            for t, snap in zip(state, snaps):
+                t.copy_(snap)
+            for t in written:
+                t.zero_()
+            call()
+            return [t.clone() for t in (*written, *state)]
+
+        mine, theirs = run(fc_call), run(peer_call)
+        for t, snap in zip(state, snaps):
+            t.copy_(snap)
+        parts, fmax = [], None
+        for a, b in zip(mine, theirs):
+            if a.dtype == torch.uint8:
+                parts.append(f"{int((a != b).sum())}B")
+            else:
+                d = (a.float() - b.float()).abs().nan_to_num(nan=float("inf"))
+                fmax = max(fmax or 0.0, float(d.max()) if d.numel() else 0.0)
+        if fmax is not None:
+            parts.insert(0, f"d={fmax:.1e}")
+        return " ".join(parts)
+    except Exception as exc:
+        return f"failed ({short_error(exc)[:60]})"
 
 
 def _ratio(a: float | None, b: float | None) -> str:
@@ -833,9 +872,10 @@ def _ratio(a: float | None, b: float | None) -> str:
 
 def peer_result_row(timer: Timer, case: str, layer: str, fc: Timing, pe: Timing | None, nbytes: float,
                     target: Target | None, extra: Sequence[str] = (), tail: Sequence[str] = (),
-                    show_target: bool = True) -> list[str]:
+                    show_target: bool = True, delta: str = "-") -> list[str]:
     """One ``--peer`` row: ``case, layer, *extra``, both sides' cold / clean / graph, fc/peer, bytes, GB/s,
-    % copy of each side, the issue's peer figure, target, ok, ``*tail`` (GB/s from the fc cold time)."""
+    % copy of each side, the issue's peer figure, target, ok, ``vs peer`` (:func:`peer_delta`), ``*tail``
+    (GB/s from the fc cold time)."""
     pe = pe or Timing()
     gbps = nbytes / (fc.cold * 1e-6) / 1e9 if fc.cold else None
     pct = 100 * gbps / timer.copy_gbps if gbps else None
@@ -845,7 +885,7 @@ def peer_result_row(timer: Timer, case: str, layer: str, fc: Timing, pe: Timing 
             fmt_us(pe.cold, "" if pe.ahead else "!"), fmt_us(pe.clean), fmt_us(pe.graph),
             _ratio(fc.cold, pe.cold), _ratio(fc.clean, pe.clean), _ratio(fc.graph, pe.graph),
             f"{nbytes / 1e6:.3f}", _sig(gbps), _sig(pct), _sig(ppct), target.peer if target else "-",
-            target.text() if (target and show_target) else "-", verdict, *tail]
+            target.text() if (target and show_target) else "-", verdict, delta, *tail]
 
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

@@ -142,25 +142,26 @@ class Peer:
         self._mods: dict[str, Any] = {}
         self._errs: dict[str, str] = {}
         self._lock = threading.Lock()
-        self._pdl = False
-        self._arch = ""
+        self.import_error = ""
+        self._pdl, self._arch, self._sgl_arch = False, "", 0
+        if arch:  # a target named by the caller: a compile check without a GPU
+            self._set_arch(int(arch.split(".")[0]), int(arch.split(".")[1][0]), arch)
+        elif self.device.type == "cuda":
+            major, minor = torch.cuda.get_device_capability(self.device)
+            self._set_arch(major, minor, f"{major}.{minor}" + ("a" if major in (9, 10) else ""))
         if self.root is None:
             self.reason, self.version = self.version, ""
-        elif self.device.type != "cuda" and not arch:
+        elif not self._arch:
             self.reason = f"the peer's kernels are CUDA-only (device {self.device.type})"
-        else:
-            if arch:
-                major, minor = int(arch.split(".")[0]), int(arch.split(".")[1][0])
-                self._arch = arch
-            else:
-                major, minor = torch.cuda.get_device_capability(self.device)
-                self._arch = f"{major}.{minor}" + ("a" if major in (9, 10) else "")
-            self._pdl = major >= 9
-            self._sgl_arch = major * 100 + minor * 10
-            if self.mode not in ("auto", "import", "build"):
-                self.reason = f"FC_PEER_MODE={self.mode!r}: expected auto, import or build"
-            elif self.mode in ("auto", "import"):
-                self._try_import()
+        elif self.mode not in ("auto", "import", "build"):
+            self.reason = f"FC_PEER_MODE={self.mode!r}: expected auto, import or build"
+        elif self.mode in ("auto", "import"):
+            self._try_import()
+
+    def _set_arch(self, major: int, minor: int, arch: str) -> None:
+        self._arch = arch  # TVM_FFI_CUDA_ARCH_LIST form: "9.0a" builds sm_90a like the peer's loader
+        self._pdl = major >= 9  # the peer's is_arch_support_pdl()
+        self._sgl_arch = major * 100 + minor * 10
 
     # ------------------------------------------------------------------ loading
     @property
@@ -170,7 +171,9 @@ class Peer:
     def describe(self) -> str:
         if not self.available:
             return f"peer: - ({self.reason})"
-        return f"peer: {PEER_NAME} {self.version} from {self.root} ({self.mode} mode, sm_{self._arch.replace('.', '')})"
+        why = f"; not import: {self.import_error}" if self.import_error and self.mode == "build" else ""
+        return (f"peer: {PEER_NAME} {self.version} from {self.root} "
+                f"({self.mode} mode, sm_{self._arch.replace('.', '')}{why})")
 
     # what importing ``sglang`` (its package ``__init__``) and its JIT loader need before anything else
     _IMPORT_DEPS = ("msgspec", "orjson", "psutil", "requests", "transformers")
@@ -529,8 +532,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     peer = Peer(args.device, arch=args.arch)
     print(peer.describe())
-    if getattr(peer, "import_error", ""):
-        print(f"  (import mode unavailable: {peer.import_error})")
     if args.prewarm and peer.available:
         import time
 

@@ -102,10 +102,11 @@ def main(argv: list[str] | None = None) -> int:
                 fc = C.measure_all(timer, calls)
                 if fc.err:
                     notes.append(f"{spec.name} {name}: {fc.err}")
-                pe = side.time(timer, lambda: [
+                pe, pcalls = side.time(timer, lambda: [
                     side.peer.compress_call(layer.ratio, layer.head_dim, layer.online, b.state, s.inp, b.ape, s.out,
                                             s.plan[1:], spec.is_decode) for s in b.sets], f"{spec.name} {name}")
-                row = C.peer_result_row(timer, spec.name, name, fc, pe, nbytes, target)
+                delta = C.peer_delta(calls[0], pcalls[0], [b.sets[0].out], [b.state]) if pcalls else "-"
+                row = C.peer_result_row(timer, spec.name, name, fc, pe, nbytes, target, delta=delta)
             else:
                 cold, ahead, graph, err = C.measure(timer, calls)
                 if err:

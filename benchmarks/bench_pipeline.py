@@ -104,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
                                    for s in b.sets])
             target = TARGETS.get((spec.name, label))
             measured: dict[str, C.Timing] = {}
+            first: dict[str, object] = {}
             for path, fn in (("two-step", two_step), ("fused", fused)):
                 calls = [(lambda s=s, fn=fn: fn(s)) for s in b.sets]
+                first[path] = calls[0]
                 if side:
                     t = C.measure_all(timer, calls)
                 else:
@@ -126,13 +128,14 @@ def main(argv: list[str] | None = None) -> int:
                                                       store.use_fp4, store.bf16_store)
                         out.append(lambda comp=comp, store_=store_: (comp(), store_()))
                     return out
-                pe = side.time(timer, peer_calls, f"{spec.name} {label}")
+                pe, pcalls = side.time(timer, peer_calls, f"{spec.name} {label}")
             two_cold = measured["two-step"].cold
             for path, t in measured.items():
                 speedup = f"{two_cold / t.cold:.2f}" if two_cold and t.cold and path != "two-step" else ""
                 if side:
+                    delta = C.peer_delta(first[path], pcalls[0], [cache], [b.state]) if pcalls else "-"
                     row = C.peer_result_row(timer, spec.name, label, t, pe, nbytes, target, extra=(path,),
-                                            tail=(speedup,), show_target=path != "two-step")
+                                            tail=(speedup,), show_target=path != "two-step", delta=delta)
                 else:
                     row = C.result_row(timer, spec.name, label, t.cold, t.ahead, t.graph, nbytes, target,
                                        extra=(path,), tail=(speedup,), show_target=path != "two-step")

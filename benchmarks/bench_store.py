@@ -95,11 +95,12 @@ def main(argv: list[str] | None = None) -> int:
                 fc = C.measure_all(timer, calls)
                 if fc.err:
                     notes.append(f"{spec.name} {label}: {fc.err}")
-                pe = side.time(timer, lambda: [
+                pe, pcalls = side.time(timer, lambda: [
                     side.peer.store_call(s.kv, s.plan[1], spec.is_decode, layer.ratio, b.norm_weight, NORM_EPS,
                                          b.freq_cis, s.out_loc, cache, store.page_size, store.use_fp4,
                                          store.bf16_store) for s in b.sets], f"{spec.name} {label}")
-                row = C.peer_result_row(timer, spec.name, label, fc, pe, nbytes, target)
+                delta = C.peer_delta(calls[0], pcalls[0], [cache]) if pcalls else "-"
+                row = C.peer_result_row(timer, spec.name, label, fc, pe, nbytes, target, delta=delta)
             else:
                 cold, ahead, graph, err = C.measure(timer, calls)
                 if err:
