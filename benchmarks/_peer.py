@@ -52,6 +52,9 @@ the module fails to import / build):
   positions, loc, cache, ratio)``.  ``freqs_cis`` here is the complex64 ``[max_pos, 32]``
   table or its fp32 ``[max_pos, 64]`` real view; tensors as in the peer's docstrings
   (bf16 inputs, int32/int64 positions and locations, uint8 caches).
+* ``get_peer(device)``: one shared :class:`Peer` per device (``FC_PEER_ARCH=9.0a`` makes a
+  CPU device's peer build for that target: the benchmarks' ``--peer`` path then builds and
+  argument-checks every peer op on a CPU box, each call failing only at its launch).
 * ``prewarm(specs)``: build many modules in parallel (``python benchmarks/_peer.py
   --prewarm`` builds every module the three op benchmarks use).
 
@@ -501,8 +504,8 @@ _PEERS: dict[str, Peer] = {}
 def get_peer(device: torch.device) -> Peer:
     """One :class:`Peer` per device per process."""
     key = str(device)
-    if key not in _PEERS:
-        _PEERS[key] = Peer(device)
+    if key not in _PEERS:  # FC_PEER_ARCH=9.0a: build for that target without a GPU (a CPU box's check)
+        _PEERS[key] = Peer(device, arch=os.environ.get("FC_PEER_ARCH") or None)
     return _PEERS[key]
 
 

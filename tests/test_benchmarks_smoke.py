@@ -292,3 +292,31 @@ def test_diagnostic_cases_run_only_when_named():
     assert names(False, ["decode-B512-open"]) == ["decode-B512-open"]
     assert "decode-B512-open" in names(False, ["decode-B512"]) and "decode-B512-rand" in names(False, ["decode-B512"])
     assert "decode-B512-open" not in [c.name for c in C.select_cases(torch.device("cpu"), False, ["open"], layers)]
+
+
+def test_peer_delta_compares_from_one_snapshot():
+    """``vs peer``: both sides start from the same state; float outputs by max diff, caches by bytes."""
+    import torch
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _common as C
+    finally:
+        sys.path.remove(str(BENCH))
+    state, out, cache = torch.ones(4), torch.zeros(3), torch.zeros(8, dtype=torch.uint8)
+
+    def ours():
+        state.add_(1.0)  # not idempotent: the second side must see the snapshot again
+        out.copy_(state[:3] * 2)
+        cache[:2] = 7
+
+    def theirs(bump=0.5):
+        state.add_(1.0)
+        out.copy_(state[:3] * 2 + bump)
+        cache[:3] = 7
+
+    text = C.peer_delta(ours, theirs, [out, cache], [state])
+    assert text == "d=5.0e-01 1B", text
+    assert torch.equal(state, torch.ones(4))  # restored
+    assert C.peer_delta(ours, lambda: theirs(0.0), [out], [state]) == "d=0.0e+00"
+    assert C.peer_delta(ours, lambda: 1 / 0, [out], [state]).startswith("failed (ZeroDivisionError")
