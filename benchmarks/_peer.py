@@ -372,7 +372,7 @@ class Peer:
     def compress_call(self, ratio: int, head_dim: int, online: bool, state: torch.Tensor, inp: torch.Tensor,
                       ape: torch.Tensor, out: torch.Tensor, plan: Sequence[torch.Tensor],
                       decode: bool) -> Callable[[], None]:
-        """The peer's ``compress_forward`` launch on these buffers (``plan`` = ``(plan_d,)`` or ``(plan_c, plan_w)``)."""
+        """The peer's ``compress_forward`` launch on these buffers (``plan``: ``(plan_d,)`` / ``(plan_c, plan_w)``)."""
         mod = self.module(self.compress_spec(ratio, head_dim, online, state.dtype, inp.dtype, out.dtype))
         if ape.dtype != inp.dtype:
             ape = ape.to(inp.dtype)

@@ -193,7 +193,8 @@ def test_peer_module_specs_name_the_peer_entry_points():
     on = peer.compress_spec(128, 512, True)
     assert dict(on.exports)["prefill"] == "FlashCompress128OnlineKernel<512, fp32_t, true>::run_prefill"
     st = peer.store_spec(__import__("torch").float32, 128, 64)
-    assert dict(st.exports)["forward_fp4"] == "FusedNormRopeKernel<fp32_t, 128, 64, 64, 0, false, V4, true>::forward_fp4"
+    want = "FusedNormRopeKernel<fp32_t, 128, 64, 64, 0, false, V4, true>::forward_fp4"
+    assert dict(st.exports)["forward_fp4"] == want
     src = peer._wrapper_source(c4)
     assert "namespace sglang {" in src and "TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode, (FlashCompress4Kernel<" in src
     with pytest.raises(_peer.PeerUnavailable):
