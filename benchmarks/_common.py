@@ -6,6 +6,9 @@ Timing (CUDA)
     the median over ``--reps`` calls.  All calls are queued behind an initial spin so the
     host stays ahead of the GPU: the events measure GPU time, not Python.  If the host
     fell behind (the GPU drained the queue), the cold value is marked ``!``.
+  * **clean** (``--peer`` tables): as cold, but the flush reads a 512 MiB buffer instead of
+    writing one, so no dirty line is written back during the timed call (a memset flush
+    leaves L2 full of dirty lines; for small cases cold carries that fixed cost).
   * **graph**: 20 calls (cycling over the case's rotating input sets) captured in one
     CUDA graph, replayed ``--graph-replays`` times; the value is GPU time per call.
   * **copy**: a device-to-device copy of a 1 GiB buffer, cold, median of 5, in the same
@@ -94,6 +97,7 @@ except ImportError:  # pragma: no cover - depends on the tree's layout
 SWA_PAGE = 256
 GRAPH_CALLS = 20
 FLUSH_BYTES = 256 << 20
+CLEAN_BYTES = 512 << 20
 COPY_BYTES_GPU = 1 << 30
 COPY_BYTES_CPU = 32 << 20
 FREQ_ROW_BYTES = 32 * 8  # complex64 [32]
@@ -591,7 +595,18 @@ class Timer:
         return 2 * n / (us * 1e-6) / 1e9
 
     # -- cold
-    def cold(self, calls: Sequence[Callable[[], object]], reps: int | None = None) -> tuple[float, bool]:
+    def clean(self, calls: Sequence[Callable[[], object]], reps: int | None = None) -> tuple[float, bool]:
+        """As :meth:`cold`, but L2 is flushed by reading 512 MiB (no dirty lines left to write back)."""
+        return self.cold(calls, reps, read_flush=True)
+
+    def _read_flush(self) -> None:
+        if getattr(self, "clean_buf", None) is None:
+            self.clean_buf = torch.ones(CLEAN_BYTES // 4, dtype=torch.float32, device=self.device)
+            self.clean_out = torch.empty((), dtype=torch.float32, device=self.device)
+        torch.sum(self.clean_buf, dim=0, out=self.clean_out)
+
+    def cold(self, calls: Sequence[Callable[[], object]], reps: int | None = None,
+             read_flush: bool = False) -> tuple[float, bool]:
         """(median µs, host stayed ahead).  Call j runs ``calls[j % len(calls)]``."""
         reps = reps or self.reps
         for c in calls:  # warm-up: JIT loads, allocator
@@ -603,12 +618,17 @@ class Timer:
                 calls[j % len(calls)]()
                 times.append((time.perf_counter() - t0) * 1e6)
             return statistics.median(times), True
+        if read_flush:
+            self._read_flush()  # allocates the read buffer once, outside the queue below
         torch.cuda.synchronize()
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
         self.spin(3000)  # a head start for the host
         for j in range(reps):
-            self.flush_buf.zero_()
+            if read_flush:
+                self._read_flush()
+            else:
+                self.flush_buf.zero_()
             self.spin(10)
             starts[j].record()
             calls[j % len(calls)]()
@@ -674,6 +694,71 @@ def measure(timer: Timer, calls: Sequence[Callable[[], object]]) -> tuple[float 
     return cold, ahead, graph, (f"graph capture failed ({err})" if err and timer.cuda else "")
 
 
+@dataclass
+class Timing:
+    """One side's measurement of a row: cold, clean (read flush) and graph µs."""
+
+    cold: float | None = None
+    ahead: bool = True
+    clean: float | None = None
+    graph: float | None = None
+    err: str = ""
+
+
+def measure_all(timer: Timer, calls: Sequence[Callable[[], object]]) -> Timing:
+    """cold + graph (as :func:`measure`) and the clean column (CUDA only)."""
+    cold, ahead, graph, err = measure(timer, calls)
+    t = Timing(cold, ahead, None, graph, err)
+    if cold is not None and timer.cuda:
+        try:
+            t.clean, _ = timer.clean(calls)
+        except Exception as exc:
+            t.err = t.err or f"clean timing failed ({short_error(exc)})"
+    return t
+
+
+class PeerSide:
+    """The ``--peer`` side of a benchmark: SGLang's kernels through ``_peer``, each '-' reason noted once."""
+
+    def __init__(self, device: torch.device, notes: list[str]):
+        import _peer
+
+        self.mod = _peer
+        self.peer = _peer.get_peer(device)
+        self.notes = notes
+        self._seen: set[str] = {self.peer.reason} if self.peer.reason else set()  # the header says that one
+
+    def note(self, reason: str) -> None:
+        if reason not in self._seen:
+            self._seen.add(reason)
+            self.notes.append(f"peer: - ({reason})")
+
+    def prewarm(self) -> None:
+        """Build the benchmark's peer modules up front, in parallel (build mode)."""
+        if self.peer.available:
+            for err in self.peer.prewarm(self.mod.bench_specs(self.peer)):
+                self.note(err)
+
+    def time(self, timer: Timer, make_calls: Callable[[], Sequence[Callable[[], object]]],
+             label: str) -> tuple[Timing | None, Sequence[Callable[[], object]]]:
+        """(timing, calls) of the peer's calls for one row; (None, []) and a note (once) when the
+        peer op is unavailable."""
+        if not self.peer.available:
+            return None, []
+        try:
+            calls = make_calls()
+        except self.mod.PeerUnavailable as exc:
+            self.note(str(exc))
+            return None, []
+        except Exception as exc:  # a shape/dtype the peer rejects at construction
+            self.note(f"{label}: {short_error(exc)}")
+            return None, []
+        t = measure_all(timer, calls)
+        if t.err:
+            self.notes.append(f"{label} peer: {t.err}")
+        return t, (calls if t.cold is not None else [])
+
+
 # ----------------------------------------------------------------------------- targets
 
 
@@ -736,6 +821,71 @@ def result_row(timer: Timer, case: str, layer: str, cold: float | None, ahead: b
     return [case, layer, *extra, fmt_us(cold, "" if ahead else "!"), fmt_us(graph), f"{nbytes / 1e6:.3f}",
             _sig(gbps), _sig(pct), target.peer if target else "-",
             target.text() if (target and show_target) else "-", verdict, *tail]
+
+
+PEER_COLUMNS = ["case", "layer", "cold us", "clean us", "graph us", "peer cold", "peer clean", "peer graph",
+                "fc/peer cold", "fc/peer clean", "fc/peer graph", "min MB", "GB/s", "% copy", "peer % copy",
+                "issue peer", "target", "ok", "vs peer"]
+
+
+def peer_delta(fc_call: Callable[[], object], peer_call: Callable[[], object], written: Sequence[torch.Tensor],
+               state: Sequence[torch.Tensor] = ()) -> str:
+    """How far the peer's result is from ours on the same inputs (the ``vs peer`` column).
+
+    Both calls start from the same ``state`` (restored from a snapshot) and zeroed ``written``
+    tensors; afterwards ``written`` and ``state`` are compared: float tensors by the largest
+    absolute difference (``d=...``), byte tensors (caches) by the number of differing bytes
+    (``NB``; fp8 / fp4 codes may differ by a rounding step where the fp32 inputs differ).
+    ``state`` is left as the snapshot was.
+    """
+    try:
+        snaps = [t.clone() for t in state]
+
+        def run(call: Callable[[], object]) -> list[torch.Tensor]:
+            for t, snap in zip(state, snaps):
+                t.copy_(snap)
+            for t in written:
+                t.zero_()
+            call()
+            return [t.clone() for t in (*written, *state)]
+
+        mine, theirs = run(fc_call), run(peer_call)
+        for t, snap in zip(state, snaps):
+            t.copy_(snap)
+        parts, fmax = [], None
+        for a, b in zip(mine, theirs):
+            if a.dtype == torch.uint8:
+                parts.append(f"{int((a != b).sum())}B")
+            else:
+                d = (a.float() - b.float()).abs().nan_to_num(nan=float("inf"))
+                fmax = max(fmax or 0.0, float(d.max()) if d.numel() else 0.0)
+        if fmax is not None:
+            parts.insert(0, f"d={fmax:.1e}")
+        return " ".join(parts)
+    except Exception as exc:
+        return f"failed ({short_error(exc)[:60]})"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}" if a and b else "-"
+
+
+def peer_result_row(timer: Timer, case: str, layer: str, fc: Timing, pe: Timing | None, nbytes: float,
+                    target: Target | None, extra: Sequence[str] = (), tail: Sequence[str] = (),
+                    show_target: bool = True, delta: str = "-") -> list[str]:
+    """One ``--peer`` row: ``case, layer, *extra``, both sides' cold / clean / graph, fc/peer, bytes, GB/s,
+    % copy of each side, the issue's peer figure, target, ok, ``vs peer`` (:func:`peer_delta`), ``*tail``
+    (GB/s from the fc cold time)."""
+    pe = pe or Timing()
+    gbps = nbytes / (fc.cold * 1e-6) / 1e9 if fc.cold else None
+    pct = 100 * gbps / timer.copy_gbps if gbps else None
+    ppct = 100 * nbytes / (pe.cold * 1e-6) / 1e9 / timer.copy_gbps if pe.cold else None
+    verdict = (target.verdict(fc.cold, fc.graph, pct) if timer.cuda else "-") if (target and show_target) else ""
+    return [case, layer, *extra, fmt_us(fc.cold, "" if fc.ahead else "!"), fmt_us(fc.clean), fmt_us(fc.graph),
+            fmt_us(pe.cold, "" if pe.ahead else "!"), fmt_us(pe.clean), fmt_us(pe.graph),
+            _ratio(fc.cold, pe.cold), _ratio(fc.clean, pe.clean), _ratio(fc.graph, pe.graph),
+            f"{nbytes / 1e6:.3f}", _sig(gbps), _sig(pct), _sig(ppct), target.peer if target else "-",
+            target.text() if (target and show_target) else "-", verdict, delta, *tail]
 
 
 def print_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -811,6 +961,9 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
     p.add_argument("--graph-replays", type=int, default=10, help="replays of the 20-call graph")
     p.add_argument("--sets", type=int, default=4, help="rotating input sets per decode case (prefill: at most 2)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peer", action="store_true",
+                   help="also time SGLang's kernels on the same buffers (benchmarks/_peer.py: the SGLang wheel on "
+                        "PYTHONPATH or FC_PEER_SGLANG); adds clean, peer and fc/peer columns")
     args = p.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA GPU (use --device cpu for the smoke run)")

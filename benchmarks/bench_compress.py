@@ -1,6 +1,6 @@
 """compress_forward benchmark: decode and prefill, C4 head 512 / 128, C128 and online C128.
 
-    python benchmarks/bench_compress.py [--short] [--cases decode-B512,prefill] [--md PATH] [--device cuda|cpu]
+    python benchmarks/bench_compress.py [--short] [--cases decode-B512,prefill] [--md PATH] [--device cuda|cpu] [--peer]
 
 Cases, timing and input construction: see ``benchmarks/_common.py`` (issue 11's
 measurement: cold = L2 flushed before each call, median; graph = 20 calls in one CUDA
@@ -26,6 +26,13 @@ graph us or % of copy); ``ok`` is PASS / MISS against the target (``?`` when a m
 value is missing; ``!`` after a cold time: the host fell behind the GPU there, so that
 time includes host gaps).  B <= 32 cases are held to the upper end of the peer's
 4.3-6.7 / 1.2-1.9 us range (the issue gives no per-case number there).
+
+``--peer``: SGLang's own compress kernels (``FlashCompress4Kernel`` / ``FlashCompress128Kernel``
+/ ``FlashCompress128OnlineKernel``, through ``benchmarks/_peer.py``) on the same state pool,
+input, ape, plan and output tensors, timed in the same run right after flashcompress;
+the table gains ``clean`` (read flush) columns for both sides, ``fc/peer`` ratios (below 1:
+flashcompress faster) and the peer's ``% copy``; ``issue peer`` is the older figure from
+the issue.  A peer op that cannot run leaves ``-`` and one note with the reason.
 """
 
 from __future__ import annotations
@@ -69,9 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device(args.device)
     timer = C.Timer(dev, args.reps, args.graph_replays)
     head = C.header("bench_compress.py (compress_forward)", timer, args)
-    print("\n".join(head), flush=True)
     rows: list[list[str]] = []
     notes: list[str] = []
+    side = C.PeerSide(dev, notes) if args.peer else None
+    if side:
+        head.append(side.peer.describe())
+        side.prewarm()
+    print("\n".join(head), flush=True)
 
     def bench_case(spec: C.CaseSpec) -> None:
         world = C.build_world(spec, dev, C.n_sets_for(spec, dev, args.sets), C.seed_of(spec.name, base=args.seed))
@@ -85,18 +96,30 @@ def main(argv: list[str] | None = None) -> int:
                                               compress_ratio=layer.ratio, out=s.out, is_online=layer.online))
                 for s in b.sets
             ]
-            cold, ahead, graph, err = C.measure(timer, calls)
-            if err:
-                notes.append(f"{spec.name} {name}: {err}")
             nbytes = C.mean_bytes([C.compress_total(C.compress_bytes(layer, s, spec.is_decode)) for s in b.sets])
-            row = C.result_row(timer, spec.name, name, cold, ahead, graph, nbytes, TARGETS.get((spec.name, name)))
+            target = TARGETS.get((spec.name, name))
+            if side:
+                fc = C.measure_all(timer, calls)
+                if fc.err:
+                    notes.append(f"{spec.name} {name}: {fc.err}")
+                pe, pcalls = side.time(timer, lambda: [
+                    side.peer.compress_call(layer.ratio, layer.head_dim, layer.online, b.state, s.inp, b.ape, s.out,
+                                            s.plan[1:], spec.is_decode) for s in b.sets], f"{spec.name} {name}")
+                delta = C.peer_delta(calls[0], pcalls[0], [b.sets[0].out], [b.state]) if pcalls else "-"
+                row = C.peer_result_row(timer, spec.name, name, fc, pe, nbytes, target, delta=delta)
+            else:
+                cold, ahead, graph, err = C.measure(timer, calls)
+                if err:
+                    notes.append(f"{spec.name} {name}: {err}")
+                row = C.result_row(timer, spec.name, name, cold, ahead, graph, nbytes, target)
             print("  " + "  ".join(row), file=sys.stderr, flush=True)
             rows.append(row)
             del b, calls
             C.release(dev)
 
     C.run_cases(C.select_cases(dev, args.short, args.filters, LAYER_NAMES), bench_case, notes, dev)
-    return C.finish(args, "bench_compress.py: compress_forward", head, C.COLUMNS, rows, notes)
+    return C.finish(args, "bench_compress.py: compress_forward" + (" vs SGLang" if side else ""), head,
+                    C.PEER_COLUMNS if side else C.COLUMNS, rows, notes)
 
 
 if __name__ == "__main__":

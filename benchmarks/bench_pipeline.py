@@ -1,6 +1,6 @@
 """Fused ``compress_and_store`` against the two-step compress_forward + compress_norm_rope_store.
 
-    python benchmarks/bench_pipeline.py [--short] [--cases prefill,online] [--md PATH] [--device cuda|cpu]
+    python benchmarks/bench_pipeline.py [--short] [--cases prefill,online] [--md PATH] [--device cuda|cpu] [--peer]
 
 Same cases, inputs and timing as ``bench_compress.py`` (see ``benchmarks/_common.py``).
 Layer kinds and their stores: C4 main KV (head 512, V4 at page 64), C4 indexer (head
@@ -19,6 +19,11 @@ the state rows written, ape once, plan rows once, and per stored row its freq_ci
 ``peer`` is SGLang 0.5.23's two-launch pipeline measured the same way on one H200
 (issue 12); ``target`` applies to the fused row.  ``ok`` and ``!`` as in
 ``bench_compress.py``.
+
+``--peer``: SGLang's two-launch pipeline (its compress kernel into the same fp32
+intermediate, then its ``FusedNormRopeKernel`` store from it; one timed unit) on the same
+buffers, measured once per (case, layer) and shown on both rows, so ``fc/peer`` reads
+two-step / SGLang and fused / SGLang; columns otherwise as in ``bench_compress.py --peer``.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ KINDS = (
 )
 NORM_EPS = 1e-6
 COLUMNS = ["case", "layer", "path", *C.COLUMNS[2:], "fused x"]
+PEER_COLUMNS = ["case", "layer", "path", *C.PEER_COLUMNS[2:], "fused x"]
 
 T = C.Target
 TARGETS: dict[tuple[str, str], C.Target] = {
@@ -65,9 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device(args.device)
     timer = C.Timer(dev, args.reps, args.graph_replays)
     head = C.header("bench_pipeline.py (compress_and_store vs two-step)", timer, args)
-    print("\n".join(head), flush=True)
     rows: list[list[str]] = []
     notes: list[str] = []
+    side = C.PeerSide(dev, notes) if args.peer else None
+    if side:
+        head.append(side.peer.describe())
+        side.prewarm()
+    print("\n".join(head), flush=True)
     labels = [k[0] for k in KINDS]
 
     def bench_case(spec: C.CaseSpec) -> None:
@@ -93,26 +103,51 @@ def main(argv: list[str] | None = None) -> int:
             nbytes = C.mean_bytes([C.pipeline_total(layer, store, C.compress_bytes(layer, s, spec.is_decode))
                                    for s in b.sets])
             target = TARGETS.get((spec.name, label))
-            measured = {}
+            measured: dict[str, C.Timing] = {}
+            first: dict[str, object] = {}
             for path, fn in (("two-step", two_step), ("fused", fused)):
                 calls = [(lambda s=s, fn=fn: fn(s)) for s in b.sets]
-                cold, ahead, graph, err = C.measure(timer, calls)
-                if err:
-                    notes.append(f"{spec.name} {label} {path}: {err}")
-                measured[path] = (cold, ahead, graph)
-            two_cold = measured["two-step"][0]
-            for path, (cold, ahead, graph) in measured.items():
-                speedup = f"{two_cold / cold:.2f}" if two_cold and cold and path != "two-step" else ""
-                row = C.result_row(timer, spec.name, label, cold, ahead, graph, nbytes, target, extra=(path,),
-                                   tail=(speedup,), show_target=path != "two-step")
+                first[path] = calls[0]
+                if side:
+                    t = C.measure_all(timer, calls)
+                else:
+                    cold, ahead, graph, err = C.measure(timer, calls)
+                    t = C.Timing(cold, ahead, None, graph, err)
+                if t.err:
+                    notes.append(f"{spec.name} {label} {path}: {t.err}")
+                measured[path] = t
+            pe = None
+            if side:
+                def peer_calls() -> list:
+                    out = []
+                    for s in b.sets:
+                        comp = side.peer.compress_call(layer.ratio, layer.head_dim, layer.online, b.state, s.inp,
+                                                       b.ape, s.out, s.plan[1:], spec.is_decode)
+                        store_ = side.peer.store_call(s.out, s.plan[1], spec.is_decode, layer.ratio, b.norm_weight,
+                                                      NORM_EPS, b.freq_cis, s.out_loc, cache, store.page_size,
+                                                      store.use_fp4, store.bf16_store)
+                        out.append(lambda comp=comp, store_=store_: (comp(), store_()))
+                    return out
+                pe, pcalls = side.time(timer, peer_calls, f"{spec.name} {label}")
+            two_cold = measured["two-step"].cold
+            for path, t in measured.items():
+                speedup = f"{two_cold / t.cold:.2f}" if two_cold and t.cold and path != "two-step" else ""
+                if side:
+                    delta = C.peer_delta(first[path], pcalls[0], [cache], [b.state]) if pcalls else "-"
+                    row = C.peer_result_row(timer, spec.name, label, t, pe, nbytes, target, extra=(path,),
+                                            tail=(speedup,), show_target=path != "two-step", delta=delta)
+                else:
+                    row = C.result_row(timer, spec.name, label, t.cold, t.ahead, t.graph, nbytes, target,
+                                       extra=(path,), tail=(speedup,), show_target=path != "two-step")
                 print("  " + "  ".join(row), file=sys.stderr, flush=True)
                 rows.append(row)
             del b, cache, common
             C.release(dev)
 
     C.run_cases(C.select_cases(dev, args.short, args.filters, labels), bench_case, notes, dev)
-    return C.finish(args, "bench_pipeline.py: compress_and_store vs compress_forward + compress_norm_rope_store",
-                    head, COLUMNS, rows, notes)
+    return C.finish(args, "bench_pipeline.py: compress_and_store vs compress_forward + compress_norm_rope_store"
+                    + (" vs SGLang's two-launch pipeline" if side else ""), head,
+                    PEER_COLUMNS if side else COLUMNS, rows, notes)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """compress_norm_rope_store benchmark: RMSNorm + RoPE (+ Hadamard) + quantised paged store.
 
-    python benchmarks/bench_store.py [--short] [--cases decode-B512,fp8] [--md PATH] [--device cuda|cpu]
+    python benchmarks/bench_store.py [--short] [--cases decode-B512,fp8] [--md PATH] [--device cuda|cpu] [--peer]
 
 Same cases, inputs and timing as ``bench_compress.py`` (see ``benchmarks/_common.py``);
 the store reads random-normal fp32 rows (one per plan row) through the plans of each
@@ -19,6 +19,10 @@ the peer's decode range, 4-7 us cold / 0.9-1.9 us graph, so decode rows are held
 upper end); the 32768-token prefill <= 10 us cold for the C4 main-KV store (peer 20.3 us,
 28% of copy) and <= 5 us for the indexer FP8 store (peer 8.9 us).  ``ok`` and ``!`` as in
 ``bench_compress.py``.
+
+``--peer``: SGLang's ``FusedNormRopeKernel`` (``forward``; ``forward_fp4`` for the FP4
+indexer) on the same kv rows, plan, norm weight, RoPE table, out_loc and cache; columns
+as in ``bench_compress.py --peer``.
 """
 
 from __future__ import annotations
@@ -55,9 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     dev = torch.device(args.device)
     timer = C.Timer(dev, args.reps, args.graph_replays)
     head = C.header("bench_store.py (compress_norm_rope_store)", timer, args)
-    print("\n".join(head), flush=True)
     rows: list[list[str]] = []
     notes: list[str] = []
+    side = C.PeerSide(dev, notes) if args.peer else None
+    if side:
+        head.append(side.peer.describe())
+        side.prewarm()
+    print("\n".join(head), flush=True)
     labels = [k[0] for k in KINDS]
 
     def bench_case(spec: C.CaseSpec) -> None:
@@ -80,18 +88,31 @@ def main(argv: list[str] | None = None) -> int:
                     bf16_store=store.bf16_store))
                 for s in b.sets
             ]
-            cold, ahead, graph, err = C.measure(timer, calls)
-            if err:
-                notes.append(f"{spec.name} {label}: {err}")
             nbytes = C.mean_bytes([C.store_total(layer, store, C.compress_bytes(layer, s, spec.is_decode))
                                    for s in b.sets])
-            row = C.result_row(timer, spec.name, label, cold, ahead, graph, nbytes, TARGETS.get((spec.name, label)))
+            target = TARGETS.get((spec.name, label))
+            if side:
+                fc = C.measure_all(timer, calls)
+                if fc.err:
+                    notes.append(f"{spec.name} {label}: {fc.err}")
+                pe, pcalls = side.time(timer, lambda: [
+                    side.peer.store_call(s.kv, s.plan[1], spec.is_decode, layer.ratio, b.norm_weight, NORM_EPS,
+                                         b.freq_cis, s.out_loc, cache, store.page_size, store.use_fp4,
+                                         store.bf16_store) for s in b.sets], f"{spec.name} {label}")
+                delta = C.peer_delta(calls[0], pcalls[0], [cache]) if pcalls else "-"
+                row = C.peer_result_row(timer, spec.name, label, fc, pe, nbytes, target, delta=delta)
+            else:
+                cold, ahead, graph, err = C.measure(timer, calls)
+                if err:
+                    notes.append(f"{spec.name} {label}: {err}")
+                row = C.result_row(timer, spec.name, label, cold, ahead, graph, nbytes, target)
             print("  " + "  ".join(row), file=sys.stderr, flush=True)
             rows.append(row)
             del cache, calls
 
     C.run_cases(C.select_cases(dev, args.short, args.filters, labels), bench_case, notes, dev)
-    return C.finish(args, "bench_store.py: compress_norm_rope_store", head, C.COLUMNS, rows, notes)
+    return C.finish(args, "bench_store.py: compress_norm_rope_store" + (" vs SGLang" if side else ""), head,
+                    C.PEER_COLUMNS if side else C.COLUMNS, rows, notes)
 
 
 if __name__ == "__main__":

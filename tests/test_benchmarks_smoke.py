@@ -2,7 +2,10 @@
 
 Each script runs once, in one subprocess, with ``--device cpu`` (tiny sizes, the
 PyTorch backend); the test checks the exit status, the header columns and one row per
-expected (case, layer), and the markdown table that ``--md`` appends.
+expected (case, layer), and the markdown table that ``--md`` appends.  The op scripts run
+a second time with ``--peer`` on one case: on the CPU the peer (SGLang's CUDA kernels)
+is unavailable, so its columns read ``-`` with the reason once, and the flashcompress
+columns still print.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ SCRIPTS = {
 }
 
 
+PEER_COLUMNS = ["cold us", "clean us", "graph us", "peer cold", "peer clean", "peer graph", "fc/peer cold",
+                "fc/peer clean", "fc/peer graph", "min MB", "GB/s", "% copy", "peer % copy", "vs peer"]
+PEER_CASE = "decode-B2-rand"
+
 # One subprocess runs every script as ``python benchmarks/bench_X.py ...`` would (``runpy`` with
 # ``__main__``), one after the other: a single torch import keeps the test fast on a busy machine.
 _DRIVER = r"""
@@ -38,7 +45,7 @@ bench, jobs = sys.argv[1], json.loads(sys.argv[2])
 sys.path.insert(0, bench)
 results = {}
 for name, argv in jobs:
-    path = f"{bench}/bench_{name}.py"
+    path = f"{bench}/bench_{name.split(':')[-1]}.py"
     sys.argv = [path, *argv]
     out, err, rc = io.StringIO(), io.StringIO(), 0
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -63,6 +70,10 @@ def runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]
     for name, (extra, _) in SCRIPTS.items():
         mds[name] = tmp / f"{name}.md"
         jobs.append([name, ["--device", "cpu", *[a.format(md=mds[name]) for a in extra]]])
+    for name in ("compress", "store", "pipeline"):
+        mds[f"peer:{name}"] = tmp / f"peer-{name}.md"
+        jobs.append([f"peer:{name}", ["--device", "cpu", "--peer", "--cases", PEER_CASE,
+                                      "--md", str(mds[f"peer:{name}"])]])
     cmd = [sys.executable, "-c", _DRIVER, str(BENCH), json.dumps(jobs)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert "@@RESULTS@@" in proc.stdout, f"driver failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
@@ -102,6 +113,92 @@ def test_op_benchmark_prints_its_table(runs, name):
     assert text.startswith("### bench_"), text[:200]
     assert "| " + " | ".join(OP_COLUMNS[:2]) in text
     assert text.count("\n| decode-B2-rand |") >= len(layers)
+
+
+def _records(stdout: str) -> list[dict[str, str]]:
+    """The printed table as one dict per row, cut at the column spans of the dashed rule."""
+    lines = stdout.splitlines()
+    for i in range(1, len(lines)):
+        if lines[i].strip() and set(lines[i].replace(" ", "")) == {"-"} and lines[i - 1].startswith("case"):
+            spans, pos = [], 0
+            for dash in lines[i].split("  "):
+                if dash:
+                    spans.append((pos, pos + len(dash)))
+                    pos += len(dash)
+                pos += 2
+            names = [lines[i - 1][a:b].strip() for a, b in spans]
+            rows = [ln for ln in lines[i + 1:] if ln.strip()]
+            rows = rows[: next((k for k, ln in enumerate(rows) if ":" in ln[: spans[0][1]]), len(rows))]
+            return [{n: r[a:b].strip() for n, (a, b) in zip(names, spans)} for r in rows]
+    raise AssertionError(f"no table in:\n{stdout}")
+
+
+@pytest.mark.parametrize("name", ["compress", "store", "pipeline"])
+def test_peer_columns_degrade_on_cpu(runs, name):
+    """``--peer`` on the CPU: the peer columns are ``-``, the reason is printed once, fc rows are complete."""
+    proc, md = runs[f"peer:{name}"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    head, rows = _table(proc.stdout, "case")
+    for col in PEER_COLUMNS:
+        assert col in head, f"column {col!r} missing from {head!r}"
+    layers = SCRIPTS[name][1]
+    assert len(rows) == len(layers) * (2 if name == "pipeline" else 1), rows
+    for by in _records(proc.stdout):  # the flashcompress side measured, the peer side absent
+        assert by["case"] == PEER_CASE
+        assert float(by["cold us"]) > 0 and float(by["min MB"]) > 0, by
+        assert by["peer cold"] == by["fc/peer cold"] == by["peer graph"] == by["vs peer"] == "-", by
+    # one reason, in the header: no wheel installed, or (with one) CUDA-only kernels
+    assert proc.stdout.count("peer: - (") == 1, proc.stdout
+    reason = proc.stdout.split("peer: - (", 1)[1].splitlines()[0]
+    assert "no SGLang wheel" in reason or "CUDA-only" in reason, reason
+    assert reason in md.read_text()
+
+
+def test_peer_module_finds_no_wheel_cleanly(tmp_path):
+    """Without a wheel the peer is unavailable with a one-line reason (no exception)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _peer
+    finally:
+        sys.path.remove(str(BENCH))
+    old = os.environ.get("FC_PEER_SGLANG")
+    os.environ["FC_PEER_SGLANG"] = str(tmp_path)
+    try:
+        root, version = _peer.find_wheel()
+        if root is None:  # no sglang on sys.path / in /tmp/sgl either
+            assert "no SGLang wheel" in version
+            peer = _peer.Peer("cpu")
+            assert not peer.available and "no SGLang wheel" in peer.reason
+            with pytest.raises(_peer.PeerUnavailable):
+                peer.module(peer.plan_spec())
+    finally:
+        if old is None:
+            os.environ.pop("FC_PEER_SGLANG")
+        else:
+            os.environ["FC_PEER_SGLANG"] = old
+
+
+def test_peer_module_specs_name_the_peer_entry_points():
+    """The generated wrapper exports the peer's class templates with the getters' template arguments."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _peer
+    finally:
+        sys.path.remove(str(BENCH))
+    peer = _peer.Peer("cpu", mode="build", arch="9.0a")
+    peer.root = peer.root or Path("/nonexistent")
+    c4 = peer.compress_spec(4, 512, False)
+    assert dict(c4.exports)["decode"] == "FlashCompress4Kernel<512, fp32_t, fp32_t, fp32_t, true>::run_decode"
+    assert c4.fast_math and c4.header == "deepseek_v4/c4_v2.cuh"
+    on = peer.compress_spec(128, 512, True)
+    assert dict(on.exports)["prefill"] == "FlashCompress128OnlineKernel<512, fp32_t, true>::run_prefill"
+    st = peer.store_spec(__import__("torch").float32, 128, 64)
+    want = "FusedNormRopeKernel<fp32_t, 128, 64, 64, 0, false, V4, true>::forward_fp4"
+    assert dict(st.exports)["forward_fp4"] == want
+    src = peer._wrapper_source(c4)
+    assert "namespace sglang {" in src and "TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode, (FlashCompress4Kernel<" in src
+    with pytest.raises(_peer.PeerUnavailable):
+        peer.compress_spec(128, 128, True)
 
 
 def test_host_overhead_prints_both_modes(runs):
@@ -196,3 +293,31 @@ def test_diagnostic_cases_run_only_when_named():
     assert names(False, ["decode-B512-open"]) == ["decode-B512-open"]
     assert "decode-B512-open" in names(False, ["decode-B512"]) and "decode-B512-rand" in names(False, ["decode-B512"])
     assert "decode-B512-open" not in [c.name for c in C.select_cases(torch.device("cpu"), False, ["open"], layers)]
+
+
+def test_peer_delta_compares_from_one_snapshot():
+    """``vs peer``: both sides start from the same state; float outputs by max diff, caches by bytes."""
+    import torch
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _common as C
+    finally:
+        sys.path.remove(str(BENCH))
+    state, out, cache = torch.ones(4), torch.zeros(3), torch.zeros(8, dtype=torch.uint8)
+
+    def ours():
+        state.add_(1.0)  # not idempotent: the second side must see the snapshot again
+        out.copy_(state[:3] * 2)
+        cache[:2] = 7
+
+    def theirs(bump=0.5):
+        state.add_(1.0)
+        out.copy_(state[:3] * 2 + bump)
+        cache[:3] = 7
+
+    text = C.peer_delta(ours, theirs, [out, cache], [state])
+    assert text == "d=5.0e-01 1B", text
+    assert torch.equal(state, torch.ones(4))  # restored
+    assert C.peer_delta(ours, lambda: theirs(0.0), [out], [state]) == "d=0.0e+00"
+    assert C.peer_delta(ours, lambda: 1 / 0, [out], [state]).startswith("failed (ZeroDivisionError")
