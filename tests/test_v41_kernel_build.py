@@ -1,7 +1,9 @@
 """The ``v41`` JIT family without a GPU (``pytest -m nvcc``): registration, an sm_90a build, the fp4 encoder.
 
 * The family registers its space (op x layout, index_k only with layout ``none``) and exports.
-* One variant per op renders and compiles for sm_90a through the JIT engine and loads.
+* c1, c2_prefill (the c2 pool kernel + write-back) and index_k render, compile for sm_90a through
+  the JIT engine and load.
+* ``benchmarks/bench_v41.py --device cpu`` runs (smoke).
 * ``v41q::e2m1_rne`` (jit_kernel/v41_quant.cuh, the fp32 -> e2m1 encoder the kernels use on
   sm_90) gives the PyTorch backend's RNE codes on the e2m1 ties, around every midpoint, and on
   a spread of random fp32 patterns (NaN excluded: both map it to 0x7 anyway).
@@ -80,3 +82,23 @@ def test_e2m1_encoder_matches_reference(tmp_path: Path) -> None:
     want = e2m1_rne_codes(x)
     bad = got != want
     assert not bool(bad.any()), f"{int(bad.sum())} codes differ, e.g. x={x[bad][:4].tolist()}"
+
+
+def test_bench_v41_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/bench_v41.py --device cpu`` prints one row per op (the PyTorch backend, tiny sizes)."""
+    import runpy
+    import sys
+
+    bench = str(REPO / "benchmarks")
+    argv, path = sys.argv, sys.path[:]
+    sys.path.insert(0, bench)
+    sys.argv = [f"{bench}/bench_v41.py", "--device", "cpu", "--reps", "1"]
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_path(f"{bench}/bench_v41.py", run_name="__main__")
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for case in ("c1-decode-8", "c2-decode-8", "c2-prefill-2x16", "index-k-8"):
+        assert any(line.startswith(case + " ") for line in out.splitlines()), out
