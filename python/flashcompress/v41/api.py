@@ -2,9 +2,10 @@
 ``sglang.kernels.ops.attention.dsv4.low_ratio_compress`` and ``...fp4_indexer_rope``).
 
 Data flow: arguments -> :mod:`.validation` (everything checked before anything
-is written) -> the PyTorch backend :mod:`flashcompress.torch_backend.v41`.
-There are no CUDA kernels for these ops yet: device tensors run the same torch
-ops on their device (correct, not fast).
+is written) -> a backend with the same functions: the CUDA kernels of the ``v41``
+JIT family (:mod:`flashcompress.cuda_ops.v41`) for CUDA tensors, the PyTorch
+backend :mod:`flashcompress.torch_backend.v41` for CPU tensors or under
+``FLASHCOMPRESS_BACKEND=torch`` (the same choice as ``flashcompress.dispatch``).
 
 Differences from SGLang, all on inputs SGLang leaves undefined: empty batches
 are no-ops; bad shapes / dtypes / devices raise named errors; for CPU tensors
@@ -17,9 +18,27 @@ from __future__ import annotations
 
 import torch
 
-from ..torch_backend import v41 as backend
+from types import ModuleType
+
+from ..jit.settings import jit_enabled_for
+from ..torch_backend import v41 as _torch_v41
 from . import validation as V
 from .layouts import LATENT_DIM, KVLayout
+
+_cuda_v41: ModuleType | None = None
+
+
+def _backend(t: torch.Tensor) -> ModuleType:
+    """The module that runs the ops for ``t``'s device: ``cuda_ops.v41`` (imported on first GPU use)
+    or ``torch_backend.v41``."""
+    global _cuda_v41
+    if not jit_enabled_for(t.device):
+        return _torch_v41
+    if _cuda_v41 is None:
+        from ..cuda_ops import v41 as cuda_v41
+
+        _cuda_v41 = cuda_v41
+    return _cuda_v41
 
 
 def _latent_out(out: torch.Tensor | None, kv_input: torch.Tensor) -> torch.Tensor:
@@ -61,7 +80,7 @@ def c1_decode_norm_rope_store(
     a = V.check_c1(kv_input, norm_weight, positions, out_loc, eps, freqs_cis, k_cache, page_size, layout, out)
     result = _latent_out(a.out, a.kv_input)
     if a.kv_input.shape[0]:
-        backend.c1_decode(a.kv_input, a.norm_weight, a.positions, a.out_loc, a.eps, a.freqs_cis, a.k_cache,
+        _backend(a.kv_input).c1_decode(a.kv_input, a.norm_weight, a.positions, a.out_loc, a.eps, a.freqs_cis, a.k_cache,
                           page_size=a.page_size, layout=a.layout, out=result)
     return result
 
@@ -110,7 +129,7 @@ def c2_decode_norm_rope_store(
     d = V.check_c2_decode(a, draft_len)
     result = _latent_out(a.out, a.kv_input)
     if a.kv_input.shape[0]:
-        backend.c2_decode(a.kv_input, a.kv_state, a.norm_weight, a.positions, a.req, a.raw_out_loc, a.eps,
+        _backend(a.kv_input).c2_decode(a.kv_input, a.kv_state, a.norm_weight, a.positions, a.req, a.raw_out_loc, a.eps,
                           a.freqs_cis, a.k_cache, page_size=a.page_size, ring_size=a.ring_size, draft_len=d,
                           layout=a.layout, out=result)
     return result
@@ -153,7 +172,7 @@ def c2_prefill_norm_rope_store(
     start, lens = V.check_c2_prefill(a, extend_start_loc, extend_seq_lens)
     result = _latent_out(a.out, a.kv_input)
     if a.kv_input.shape[0]:
-        backend.c2_prefill(a.kv_input, a.kv_state, a.norm_weight, a.positions, a.req, a.raw_out_loc, a.eps,
+        _backend(a.kv_input).c2_prefill(a.kv_input, a.kv_state, a.norm_weight, a.positions, a.req, a.raw_out_loc, a.eps,
                            a.freqs_cis, a.k_cache, start, lens, page_size=a.page_size, ring_size=a.ring_size,
                            layout=a.layout, out=result)
     return result
@@ -184,4 +203,4 @@ def index_k_norm_rope_pack_store(
     """
     a = V.check_index_k(input, norm_weight, eps, freqs_cis, positions, loc, cache, ratio)
     if a.input.shape[0]:
-        backend.index_k(a.input, a.norm_weight, a.eps, a.freqs_cis, a.positions, a.loc, a.cache, ratio=a.ratio)
+        _backend(a.input).index_k(a.input, a.norm_weight, a.eps, a.freqs_cis, a.positions, a.loc, a.cache, ratio=a.ratio)

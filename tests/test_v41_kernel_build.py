@@ -1,0 +1,104 @@
+"""The ``v41`` JIT family without a GPU (``pytest -m nvcc``): registration, an sm_90a build, the fp4 encoder.
+
+* The family registers its space (op x layout, index_k only with layout ``none``) and exports.
+* c1, c2_prefill (the c2 pool kernel + write-back) and index_k render, compile for sm_90a through
+  the JIT engine and load.
+* ``benchmarks/bench_v41.py --device cpu`` runs (smoke).
+* ``v41q::e2m1_rne`` (jit_kernel/v41_quant.cuh, the fp32 -> e2m1 encoder the kernels use on
+  sm_90) gives the PyTorch backend's RNE codes on the e2m1 ties, around every midpoint, and on
+  a spread of random fp32 patterns (NaN excluded: both map it to 0x7 anyway).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from _jit_helpers import REPO, apply_environ, clean_environ, requires_nvcc, reset_engine
+from flashcompress.torch_backend.v41_quant import e2m1_rne_codes
+
+
+@pytest.fixture()
+def jit_env(tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    cache = tmp_path_factory.getbasetemp() / "jit-cache-shared"
+    cache.mkdir(exist_ok=True)
+    apply_environ(monkeypatch, clean_environ(cache, tmp_path / "xdg"))
+    yield
+    reset_engine()
+
+
+def test_v41_family_registration() -> None:
+    from flashcompress.cuda_ops import v41
+    from flashcompress.jit import get_family
+
+    fam = get_family("v41")
+    assert fam is v41.V41 and fam.exports == ("forward",)
+    variants = fam.expand()
+    assert len(variants) == 3 * 6 + 1
+    assert {"op": "index_k", "layout": "none"} in variants
+    with pytest.raises(ValueError):
+        fam.key(target="cuda:9.0a", op="c1", layout="none")
+    with pytest.raises(ValueError):
+        fam.key(target="cuda:9.0a", op="index_k", layout="v4")
+
+
+@pytest.mark.nvcc
+@requires_nvcc
+@pytest.mark.parametrize("op,layout", [("c1", "v4"), ("c2_prefill", "v41_fp4_new"), ("index_k", "none")])
+def test_v41_variant_builds_for_sm90a(jit_env, op: str, layout: str) -> None:
+    from flashcompress.jit import get_module
+
+    module = get_module("v41", target="cuda:9.0a", op=op, layout=layout)
+    assert module.implements_function("forward")
+
+
+def _probe_values() -> torch.Tensor:
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, 7.0, 1e30])
+    bits = mids.view(torch.int32)
+    near = torch.cat([bits + k for k in (-2, -1, 0, 1, 2)]).view(torch.float32)
+    rand = torch.randint(-2**31, 2**31 - 1, (20000,), generator=torch.Generator().manual_seed(0), dtype=torch.int64)
+    rand = rand.to(torch.int32).view(torch.float32)
+    small = torch.randn(20000, generator=torch.Generator().manual_seed(1)) * 3
+    x = torch.cat((near, -near, rand, small, torch.tensor([float("inf"), -float("inf"), -0.0])))
+    return x[~torch.isnan(x)]
+
+
+@pytest.mark.nvcc
+@requires_nvcc
+def test_e2m1_encoder_matches_reference(tmp_path: Path) -> None:
+    cxx = shutil.which(os.environ.get("CXX") or "c++")
+    exe = tmp_path / "v41_quant_host"
+    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{REPO / 'jit_kernel'}", str(REPO / "tests/native/v41_quant_host.cpp"),
+                    "-o", str(exe)], check=True, capture_output=True, text=True)
+    x = _probe_values()
+    stdin = "\n".join(str(int(b) & 0xFFFFFFFF) for b in x.view(torch.int32).tolist())
+    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.split()
+    got = torch.tensor([int(v) for v in out], dtype=torch.uint8)
+    want = e2m1_rne_codes(x)
+    bad = got != want
+    assert not bool(bad.any()), f"{int(bad.sum())} codes differ, e.g. x={x[bad][:4].tolist()}"
+
+
+def test_bench_v41_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    """``benchmarks/bench_v41.py --device cpu`` prints one row per op (the PyTorch backend, tiny sizes)."""
+    import runpy
+    import sys
+
+    bench = str(REPO / "benchmarks")
+    argv, path = sys.argv, sys.path[:]
+    sys.path.insert(0, bench)
+    sys.argv = [f"{bench}/bench_v41.py", "--device", "cpu", "--reps", "1"]
+    try:
+        with pytest.raises(SystemExit) as exit_info:
+            runpy.run_path(f"{bench}/bench_v41.py", run_name="__main__")
+    finally:
+        sys.argv, sys.path[:] = argv, path
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for case in ("c1-decode-8", "c2-decode-8", "c2-prefill-2x16", "index-k-8"):
+        assert any(line.startswith(case + " ") for line in out.splitlines()), out
