@@ -8,8 +8,9 @@
 // the row is stored):
 //   C4 H=512: 128 threads, whole row, 8 entries each   C4 H=128: 4 teams of 32 threads
 //   C128 decode: 512 threads, kChans 64, 32 splits of 4 entries (8 blocks per row)
-//   C128 / online prefill: 512 threads, kChans 64, 2 channels x 8 entries per thread, all 8
-//                          entries in one burst of loads (16 splits; 8 blocks per row)
+//   C128 prefill: 512 threads, kChans 64, 2 channels x 8 entries per thread, all 8 entries in
+//                 one burst of loads (16 splits; 8 blocks per row)
+//   online prefill: 512 threads, kChans 128, 16 splits of 8 entries (4 blocks per row)
 //   online decode: 128 threads, whole row, 1 entry
 //   C128 whole row (no clusters, or Tiling::kWholeRow): 512 threads, 4 splits of 32 entries
 #pragma once
@@ -69,8 +70,10 @@ struct Cfg {
   // C128 / online prefill over several blocks per row: 2 channels per thread (8-byte loads), so
   // a thread's 8 entries (kv, score, bias: 48 registers) are loaded in one burst under the
   // 64-register cap of two 512-thread blocks per SM.
-  static constexpr bool kNarrow = kWide && !kDecode && !kWholeRow;
-  static constexpr int kChans = (!kWide || kWholeRow) ? H : 64;
+  // (Online prefill keeps 128-channel slices of 4 channels x 8 entries in batches of 2: its
+  // accurate exp and window bounds spill 56-72 B at 2 x 8 in one burst.)
+  static constexpr bool kNarrow = kWide && !kDecode && !kWholeRow && !kOnline;
+  static constexpr int kChans = (!kWide || kWholeRow) ? H : ((kDecode || kNarrow) ? 64 : 128);
   static constexpr int kVecW = kNarrow ? 2 : 4;  // channels per thread
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;

@@ -443,7 +443,7 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   } else {
     // Online prefill: the prior of phase 2's channel (u / kLanes, finished by lane 0 of the
     // kLanes threads) is loaded with the window, one round trip less for a merging row.
-    constexpr bool kEarlyPrior = !C::kDecode && C::kOnline;
+    constexpr bool kEarlyPrior = !C::kDecode && C::kOnline && !C::kStoreRows;  // (stored: spills)
     Prior<1> prior{};
     if constexpr (kEarlyPrior) {
       if (u % C::kLanes == 0) prior = load_prior<C, 1>(t, a, chan0 + u / C::kLanes);

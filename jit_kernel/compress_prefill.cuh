@@ -13,7 +13,7 @@
 // block waits, even one with nothing to do, so pass 2 completes only after pass 1: a kernel
 // after pass 2 may rely on pass 1's stores as on pass 2's.
 //
-// C128 / online C128 (Cfg::kNarrow): 8 blocks of 512 threads per row, 64 channels each; thread
+// C128 (Cfg::kNarrow): 8 blocks of 512 threads per row, 64 channels each; thread
 // (split s, vector v) loads entries 8s..8s+7 of channels 2v, 2v+1 (kv, score, bias: 24 8-byte
 // loads) in one burst, then the 16 splits' partials meet in shared memory (pool_row).
 #pragma once
