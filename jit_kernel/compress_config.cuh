@@ -2,13 +2,15 @@
 // types, widths, and the tiling of a row over threads, teams and blocks.
 //
 // A "team" computes one row's slice of kChans channels: thread (split s, vector v) owns channels
-// 4v..4v+3 of the slice and window entries [s*W/kSplit, (s+1)*W/kSplit), kBatch loads in flight
-// at a time. With one split the thread finishes its channels; otherwise kLanes threads per
+// kVecW*v .. kVecW*v + kVecW-1 of the slice and window entries [s*W/kSplit, (s+1)*W/kSplit),
+// kBatch entries' loads in flight at a time. With one split the thread finishes its channels; otherwise kLanes threads per
 // channel merge the splits' partials. kCSplit = H / kChans blocks share a row (a cluster when
 // the row is stored):
 //   C4 H=512: 128 threads, whole row, 8 entries each   C4 H=128: 4 teams of 32 threads
 //   C128 decode: 512 threads, kChans 64, 32 splits of 4 entries (8 blocks per row)
-//   C128 / online prefill: 512 threads, kChans 128, 16 splits of 8 entries (4 blocks per row)
+//   C128 prefill: 512 threads, kChans 64, 2 channels x 8 entries per thread, all 8 entries in
+//                 one burst of loads (16 splits; 8 blocks per row)
+//   online prefill: 512 threads, kChans 128, 16 splits of 8 entries (4 blocks per row)
 //   online decode: 128 threads, whole row, 1 entry
 //   C128 whole row (no clusters, or Tiling::kWholeRow): 512 threads, 4 splits of 32 entries
 #pragma once
@@ -19,6 +21,11 @@
 #include "compress_launch.h"
 #include "layout.h"
 #include "vec.cuh"
+
+// 1: the online C128 prefill passes pool with the fast exp (Cfg::kFastExp); 0: the accurate one.
+#ifndef FC_ONLINE_PREFILL_FAST_EXP
+#define FC_ONLINE_PREFILL_FAST_EXP 0
+#endif
 
 namespace flashcompress {
 namespace compress {
@@ -60,14 +67,21 @@ struct Cfg {
   static constexpr bool kWide = kRatio == 128 && !kOnlineDecode;
   // One block per C128 row without clusters, stored or not: both paths pool in one order.
   static constexpr bool kWholeRow = (!kHasClusters || kTiling == Tiling::kWholeRow) && kWide;
-  static constexpr int kChans = (!kWide || kWholeRow) ? H : (kDecode ? 64 : 128);
+  // C128 / online prefill over several blocks per row: 2 channels per thread (8-byte loads), so
+  // a thread's 8 entries (kv, score, bias: 48 registers) are loaded in one burst under the
+  // 64-register cap of two 512-thread blocks per SM.
+  // (Online prefill keeps 128-channel slices of 4 channels x 8 entries in batches of 2: its
+  // accurate exp and window bounds spill 56-72 B at 2 x 8 in one burst.)
+  static constexpr bool kNarrow = kWide && !kDecode && !kWholeRow && !kOnline;
+  static constexpr int kChans = (!kWide || kWholeRow) ? H : ((kDecode || kNarrow) ? 64 : 128);
+  static constexpr int kVecW = kNarrow ? 2 : 4;  // channels per thread
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
   static constexpr int kSplit = !kWide ? 1 : (kWholeRow ? 4 : (kDecode ? 32 : 16));
   static constexpr int kPerSplit = kEntries / kSplit;
   // Entries whose loads are in flight together (registers: 3 x 4 values per entry).
-  static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kWide ? 2 : (kDecode ? 8 : 4));
-  static constexpr int kVecs = kChans / 4;                 // channel vectors per slice
+  static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kNarrow ? kPerSplit : (kWide ? 2 : (kDecode ? 8 : 4)));
+  static constexpr int kVecs = kChans / kVecW;             // channel vectors per slice
   static constexpr int kTeamThreads = kVecs * kSplit;
   static constexpr int kTeams = kTeamThreads >= 128 ? 1 : 128 / kTeamThreads;
   static constexpr int kThreads = kTeams * kTeamThreads;
@@ -87,8 +101,9 @@ struct Cfg {
   // partials, then a butterfly over the kLanes lanes.
   static constexpr int kLanes = kSplit == 1 ? 1 : kTeamThreads / kChans;
   // The regular pooling uses the fast exp (ex2.approx); the online state, whose running sum is
-  // kept across calls, uses the accurate one.
-  static constexpr bool kFastExp = !kOnline;
+  // kept across calls, uses the accurate one, except in the prefill passes when
+  // FC_ONLINE_PREFILL_FAST_EXP is 1 (the peer's choice; an A/B knob until its parity is measured).
+  static constexpr bool kFastExp = !kOnline || (!kDecode && FC_ONLINE_PREFILL_FAST_EXP != 0);
   // Decode copies the block's share of every request's input row (kCopyVecs vectors) into the
   // state: C4 from registers (compress_decode_c4.cuh, which also keeps its bias rows in
   // registers: nothing is staged, kStageCopy / kStageApe are off), C128 all the team's requests
@@ -104,7 +119,7 @@ struct Cfg {
   static constexpr bool kSlicedStore = kStageOps && H > 128 && kTeams == 1 && kTeamThreads >= 32 * (H / 128);
   static constexpr int kStoreWarps = kSlicedStore ? H / 128 : 1;
 
-  static_assert(H % 128 == 0 && H % kChans == 0 && kChans % 4 == 0, "head dim: a multiple of 128");
+  static_assert(H % 128 == 0 && H % kChans == 0 && kChans % kVecW == 0, "head dim: a multiple of 128");
   static_assert(kLanes >= 1 && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0 &&
                     kSplit % kLanes == 0, "split combine lanes");
   static_assert(kEntries % kSplit == 0, "window entries must split evenly");

@@ -15,6 +15,7 @@
 #include "arch.cuh"
 #include "compress_config.cuh"
 #include "plan.cuh"
+#include "ptx.cuh"
 #include "store.cuh"
 #include "vec.cuh"
 
@@ -88,116 +89,177 @@ __device__ __forceinline__ int score_col(int e) {
   return C::H;
 }
 
-// Accumulate this thread's entries [e0, e0 + kPerSplit) for channels c..c+3, kBatch entries at a
-// time: every load of a batch is issued before the first one is used (the addresses depend only
-// on the plan row), so a thread waits for one memory round trip per batch, not per entry.
+// Fold one batch of loaded entries into the running state, channel by channel: the logits, their
+// max, then exp-sum and weighted sum. kind[k]: 0 = padding, 1 = input row, 2 = state row, 3 = the
+// state row this launch writes (read from its input row, rounded through TState). With TIn ==
+// TState every entry was loaded into in_*; otherwise state entries into st_*. `first`: the
+// running state is still empty (prefill's first batch), so the batch's partial replaces it
+// (merging it into the empty state would give the same bits: acc_merge).
+template <class C, int B, class RawIn, class RawState, int NS>
+__device__ __forceinline__ void fold_batch(const int (&kind)[B], const RawIn (&in_kv)[B], const RawIn (&in_sc)[B],
+                                           const RawState (&st_kv)[NS], const RawState (&st_sc)[NS],
+                                           const RawIn (&bias)[B], bool first, Acc (&acc)[C::kVecW]) {
+  using TIn = typename C::TIn;
+  using TState = typename C::TState;
+  constexpr bool kSame = std::is_same_v<TIn, TState>;
+#pragma unroll
+  for (int i = 0; i < C::kVecW; ++i) {
+    float kv[B], lg[B];
+    float m = -INFINITY;
+#pragma unroll
+    for (int k = 0; k < B; ++k) {
+      if (kind[k] == 2) {
+        if constexpr (kSame) {
+          kv[k] = to_float(in_kv[k].v[i]);
+          lg[k] = to_float(in_sc[k].v[i]);
+        } else {
+          kv[k] = via<TIn>(st_kv[k].v[i]);
+          lg[k] = via<TIn>(st_sc[k].v[i]);
+        }
+      } else if (kind[k] == 3) {
+        kv[k] = via<TIn>(from_float<TState>(to_float(in_kv[k].v[i])));
+        lg[k] = via<TIn>(from_float<TState>(to_float(in_sc[k].v[i])));
+      } else {
+        kv[k] = to_float(in_kv[k].v[i]);
+        lg[k] = to_float(in_sc[k].v[i]);
+      }
+      lg[k] += to_float(bias[k].v[i]);
+      if (kind[k] != 0) m = fmaxf(m, lg[k]);
+    }
+    // Branch-free: a padding entry adds exact zeros (p = 0, kv = 0); a batch of padding only
+    // is an empty state, which acc_merge leaves out exactly.
+    const float ms = m == -INFINITY ? 0.f : m;
+    float s = 0.f, n = 0.f;
+#pragma unroll
+    for (int k = 0; k < B; ++k) {
+      const bool live = kind[k] != 0;
+      const float p = live ? exp_<C::kFastExp>(lg[k] - ms) : 0.f;
+      s += p;
+      n = fmaf(p, live ? kv[k] : 0.f, n);
+    }
+    if (first) {
+      acc[i] = Acc{m, s, n};
+    } else {
+      acc[i] = acc_merge<C::kFastExp>(acc[i], Acc{m, s, n});
+    }
+  }
+}
+
+// Prefill, one batch: entries e0 + b0 + k (k < kBatch) of channels c..c+kVecW-1 from the row
+// pointers of pool_entries (entry e0 + j of the input is j rows past in_e0; of the state, j rows
+// past st_a, or for C4 entry e of the state e rows past st_a / e - 4 + 4 rows past st_b).
+// kInputOnly: the batch starts at or past buf_len (the common case; uniform over a warp), so no
+// entry needs a choice of its source row.
+template <class C, bool kInputOnly>
+__device__ __forceinline__ void pool_batch(const Window& w, const int e0, const int b0,
+                                           const typename C::TState* st_a, const typename C::TState* st_b,
+                                           const typename C::TIn* __restrict__ in_e0,
+                                           const typename C::TIn* __restrict__ bias_e0, Acc (&acc)[C::kVecW]) {
+  using TIn = typename C::TIn;
+  using TState = typename C::TState;
+  constexpr int V = C::kVecW;
+  constexpr int B = C::kBatch;
+  constexpr bool kSame = std::is_same_v<TIn, TState>;
+  // Regular C128 windows have no padding entries (every entry of [0, W) is live).
+  constexpr bool kAllLive = C::kRatio == 128 && !C::kOnline;
+  int kind[B];
+  Vec<TIn, V> in_kv[B], in_sc[B], bias[B];
+  Vec<TState, V> st_kv[kSame ? 1 : B], st_sc[kSame ? 1 : B];
+#pragma unroll
+  for (int k = 0; k < B; ++k) {
+    const int j = b0 + k, e = e0 + j;  // C4: e0 == 0, so e is a constant too
+    const bool live = kAllLive || (e >= w.lo && e < w.hi);
+    const bool from_state = !kInputOnly && e < w.buf_len;
+    const TState* st_row = (C::kRatio == 4 && e >= 4 ? st_b : st_a) + static_cast<int64_t>(C::kRatio == 4 ? e : j) * C::kStateWidth;
+    const TIn* in_row = in_e0 + static_cast<int64_t>(j) * C::kInWidth;
+    kind[k] = !live ? 0 : (!from_state ? 1 : 2);
+    const int kc = kv_col<C>(e), sc = score_col<C>(e);
+    if constexpr (kSame) {
+      const TIn* src = kind[k] == 2 ? reinterpret_cast<const TIn*>(st_row) : in_row;
+      if (kind[k] != 0) {
+        in_kv[k] = load_vec<TIn, V>(src + kc);
+        in_sc[k] = load_vec<TIn, V>(src + sc);
+      }
+    } else if (kind[k] == 2) {
+      st_kv[k] = load_vec<TState, V>(st_row + kc);
+      st_sc[k] = load_vec<TState, V>(st_row + sc);
+    } else if (kind[k] != 0) {
+      in_kv[k] = load_vec<TIn, V>(in_row + kc);
+      in_sc[k] = load_vec<TIn, V>(in_row + sc);
+    }
+    if (kind[k] != 0) bias[k] = load_vec<TIn, V>(bias_e0 + j * C::H);
+  }
+  fold_batch<C>(kind, in_kv, in_sc, st_kv, st_sc, bias, b0 == 0, acc);
+}
+
+// Accumulate this thread's entries [e0, e0 + kPerSplit) for channels c..c+kVecW-1, kBatch entries
+// at a time: every load of a batch is issued before the first one is used (the addresses depend
+// only on the plan row), so a thread waits for one memory round trip per batch, not per entry.
 template <class C>
 __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
                                              const typename C::TState* state,
                                              const typename C::TIn* __restrict__ input,
                                              const typename C::TIn* __restrict__ ape,
-                                             Acc (&acc)[4]) {
+                                             Acc (&acc)[C::kVecW]) {
   using TIn = typename C::TIn;
   using TState = typename C::TState;
-  using RawIn = Vec<TIn, 4>;
-  using RawState = Vec<TState, 4>;
+  constexpr int V = C::kVecW;
   constexpr int B = C::kBatch;
-  // Prefill: row pointers at channel c, set once per row, so entry e0 + j reads j rows past them
-  // (constant offsets once the batch loop unrolls). State rows: C128 the page (st_a, entry e at
-  // row 128 page1 + e); C4 the overlap page (st_a, e < 4) and the own page (st_b, e >= 4, row
-  // 4 page1 + e - 4). Input rows: q_first + e. Decode computes each entry's rows as it goes
-  // (fewer live registers, and the entry this launch writes, self_row, is found by its row).
-  constexpr bool kRowPtrs = !C::kDecode;
   static_assert(C::kRatio == 128 || C::kSplit == 1, "C4 indexes its state rows by entry: one split (e0 == 0)");
-  const TState* st_a = nullptr;
-  const TState* st_b = nullptr;
-  const TIn* in_e0 = nullptr;
   const TIn* bias_e0 = ape + static_cast<int64_t>(C::kOnlineDecode ? w.bias_base : e0) * C::H + c;
-  if constexpr (kRowPtrs) {
-    st_a = state + (C::kRatio == 4 ? w.page0 * 4 : w.page1 * 128 + e0) * C::kStateWidth + c;
-    st_b = state + (w.page1 * 4 - 4) * C::kStateWidth + c;
-    in_e0 = input + (w.q_first + e0) * C::kInWidth + c;
+  if constexpr (!C::kDecode) {
+    // Prefill: row pointers at channel c, set once per row, so entry e0 + j reads j rows past
+    // them (constant offsets once the batch loop unrolls). State rows: C128 the page (st_a,
+    // entry e at row 128 page1 + e); C4 the overlap page (st_a, e < 4) and the own page (st_b,
+    // e >= 4, row 4 page1 + e - 4). Input rows: q_first + e.
+    const TState* st_a = state + (C::kRatio == 4 ? w.page0 * 4 : w.page1 * 128 + e0) * C::kStateWidth + c;
+    const TState* st_b = state + (w.page1 * 4 - 4) * C::kStateWidth + c;
+    const TIn* in_e0 = input + (w.q_first + e0) * C::kInWidth + c;
+#pragma unroll C::kUnroll
+    for (int b0 = 0; b0 < C::kPerSplit; b0 += B) {
+      if (e0 + b0 >= w.buf_len) {
+        pool_batch<C, true>(w, e0, b0, st_a, st_b, in_e0, bias_e0, acc);
+      } else {
+        pool_batch<C, false>(w, e0, b0, st_a, st_b, in_e0, bias_e0, acc);
+      }
+    }
+    return;
   }
+  // Decode computes each entry's rows as it goes (fewer live registers, and the entry this
+  // launch writes, self_row, is found by its row).
 #pragma unroll C::kUnroll
   for (int b0 = 0; b0 < C::kPerSplit; b0 += B) {
-    // Where each entry comes from: 0 = padding, 1 = input row, 2 = state row, 3 = the state row
-    // this launch writes (read from its input row, rounded through TState).
-    // With TIn == TState every entry loads into in_*; otherwise state entries use st_*.
     constexpr bool kSame = std::is_same_v<TIn, TState>;
     int kind[B];
-    RawIn in_kv[B], in_sc[B], bias[B];
-    RawState st_kv[kSame ? 1 : B], st_sc[kSame ? 1 : B];
+    Vec<TIn, V> in_kv[B], in_sc[B], bias[B];
+    Vec<TState, V> st_kv[kSame ? 1 : B], st_sc[kSame ? 1 : B];
 #pragma unroll
     for (int k = 0; k < B; ++k) {
       const int j = b0 + k, e = e0 + j;
       const bool live = e >= w.lo && e < w.hi;
       const bool from_state = e < w.buf_len;
-      const TState* st_row;
-      const TIn* in_row;
-      bool self = false;
-      if constexpr (kRowPtrs) {  // C4: e0 == 0, so e is a constant too
-        st_row = (C::kRatio == 4 && e >= 4 ? st_b : st_a) + static_cast<int64_t>(C::kRatio == 4 ? e : j) * C::kStateWidth;
-        in_row = in_e0 + static_cast<int64_t>(j) * C::kInWidth;
-      } else {
-        const int64_t srow = from_state ? state_row_of<C>(w, e) : 0;
-        self = from_state && srow == w.self_row;
-        st_row = state + srow * C::kStateWidth;
-        in_row = input + (self ? w.self_in : w.q_first + e) * C::kInWidth;
-      }
+      const int64_t srow = from_state ? state_row_of<C>(w, e) : 0;
+      const bool self = from_state && srow == w.self_row;
+      const TState* st_row = state + srow * C::kStateWidth;
+      const TIn* in_row = input + (self ? w.self_in : w.q_first + e) * C::kInWidth;
       kind[k] = !live ? 0 : (!from_state ? 1 : (self ? 3 : 2));
-      const int kc = kv_col<C>(e) + (kRowPtrs ? 0 : c), sc = score_col<C>(e) + (kRowPtrs ? 0 : c);
+      const int kc = kv_col<C>(e) + c, sc = score_col<C>(e) + c;
       if constexpr (kSame) {
         const TIn* src = kind[k] == 2 ? reinterpret_cast<const TIn*>(st_row) : in_row;
         if (kind[k] != 0) {
-          in_kv[k] = load_vec<TIn, 4>(src + kc);
-          in_sc[k] = load_vec<TIn, 4>(src + sc);
+          in_kv[k] = load_vec<TIn, V>(src + kc);
+          in_sc[k] = load_vec<TIn, V>(src + sc);
         }
       } else if (kind[k] == 2) {
-        st_kv[k] = load_vec<TState, 4>(st_row + kc);
-        st_sc[k] = load_vec<TState, 4>(st_row + sc);
+        st_kv[k] = load_vec<TState, V>(st_row + kc);
+        st_sc[k] = load_vec<TState, V>(st_row + sc);
       } else if (kind[k] != 0) {
-        in_kv[k] = load_vec<TIn, 4>(in_row + kc);
-        in_sc[k] = load_vec<TIn, 4>(in_row + sc);
+        in_kv[k] = load_vec<TIn, V>(in_row + kc);
+        in_sc[k] = load_vec<TIn, V>(in_row + sc);
       }
-      if (kind[k] != 0) bias[k] = load_vec<TIn, 4>(bias_e0 + (C::kOnlineDecode ? 0 : j * C::H));
+      if (kind[k] != 0) bias[k] = load_vec<TIn, V>(bias_e0 + (C::kOnlineDecode ? 0 : j * C::H));
     }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float kv[B], lg[B];
-      float m = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < B; ++k) {
-        if (kind[k] == 2) {
-          if constexpr (kSame) {
-            kv[k] = to_float(in_kv[k].v[i]);
-            lg[k] = to_float(in_sc[k].v[i]);
-          } else {
-            kv[k] = via<TIn>(st_kv[k].v[i]);
-            lg[k] = via<TIn>(st_sc[k].v[i]);
-          }
-        } else if (kind[k] == 3) {
-          kv[k] = via<TIn>(from_float<TState>(to_float(in_kv[k].v[i])));
-          lg[k] = via<TIn>(from_float<TState>(to_float(in_sc[k].v[i])));
-        } else {
-          kv[k] = to_float(in_kv[k].v[i]);
-          lg[k] = to_float(in_sc[k].v[i]);
-        }
-        lg[k] += to_float(bias[k].v[i]);
-        if (kind[k] != 0) m = fmaxf(m, lg[k]);
-      }
-      // Branch-free: a padding entry adds exact zeros (p = 0, kv = 0); a batch of padding only
-      // is an empty state, which acc_merge leaves out exactly.
-      const float ms = m == -INFINITY ? 0.f : m;
-      float s = 0.f, n = 0.f;
-#pragma unroll
-      for (int k = 0; k < B; ++k) {
-        const bool live = kind[k] != 0;
-        const float p = live ? exp_<C::kFastExp>(lg[k] - ms) : 0.f;
-        s += p;
-        n = fmaf(p, live ? kv[k] : 0.f, n);
-      }
-      acc[i] = acc_merge<C::kFastExp>(acc[i], Acc{m, s, n});
-    }
+    fold_batch<C>(kind, in_kv, in_sc, st_kv, st_sc, bias, false, acc);
   }
 }
 
@@ -364,25 +426,35 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   const int chan0 = rank * C::kChans;
   float* row = C::kStoreRows ? &sm.row[team][0] : nullptr;
 
-  // Phase 1: each (split, vector) thread pools its entries for 4 channels.
+  // Phase 1: each (split, vector) thread pools its entries for kVecW channels.
+  constexpr int V = C::kVecW;
   const int v = u % C::kVecs, split = C::kSplit == 1 ? 0 : u / C::kVecs;
-  Acc acc[4] = {acc_empty(), acc_empty(), acc_empty(), acc_empty()};
+  Acc acc[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) acc[i] = acc_empty();
 
   if constexpr (C::kSplit == 1) {
     // The thread holds every entry of its channels: finish them directly. An online prior is
     // loaded with the window (online decode: one entry, so the prior would otherwise cost a
     // second round trip per row).
-    const Prior<4> prior = load_prior<C, 4>(t, a, chan0 + 4 * v);
-    pool_entries<C>(w, 0, chan0 + 4 * v, state, input, ape, acc);
-    finish_channels<C, 4>(t, a, row, chan0 + 4 * v, acc, prior);
+    const Prior<V> prior = load_prior<C, V>(t, a, chan0 + V * v);
+    pool_entries<C>(w, 0, chan0 + V * v, state, input, ape, acc);
+    finish_channels<C, V>(t, a, row, chan0 + V * v, acc, prior);
   } else {
-    pool_entries<C>(w, split * C::kPerSplit, chan0 + 4 * v, state, input, ape, acc);
+    // Online prefill: the prior of phase 2's channel (u / kLanes, finished by lane 0 of the
+    // kLanes threads) is loaded with the window, one round trip less for a merging row.
+    constexpr bool kEarlyPrior = !C::kDecode && C::kOnline && !C::kStoreRows;  // (stored: spills)
+    Prior<1> prior{};
+    if constexpr (kEarlyPrior) {
+      if (u % C::kLanes == 0) prior = load_prior<C, 1>(t, a, chan0 + u / C::kLanes);
+    }
+    pool_entries<C>(w, split * C::kPerSplit, chan0 + V * v, state, input, ape, acc);
     // Phase 2: kLanes threads per channel merge the partials of the splits, then a butterfly.
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      sm.m[team][split][4 * v + i] = acc[i].m;
-      sm.s[team][split][4 * v + i] = acc[i].s;
-      sm.n[team][split][4 * v + i] = acc[i].n;
+    for (int i = 0; i < V; ++i) {
+      sm.m[team][split][V * v + i] = acc[i].m;
+      sm.s[team][split][V * v + i] = acc[i].s;
+      sm.n[team][split][V * v + i] = acc[i].n;
     }
     team_sync<C>();
     const int k = u / C::kLanes, lane = u % C::kLanes;
@@ -398,9 +470,12 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
                   shfl_xor(r.n, mask, C::kLanes)};
       r = acc_merge<C::kFastExp>(r, o);
     }
-    if (lane == 0) {  // an online prior: loaded here (64 registers; a prefill row merges at most once)
+    // The online write list stores the state: only after pass 1's reads (ring rows alias).
+    if constexpr (C::kPass == Pass::kOnlineWrite) pdl_wait();
+    if (lane == 0) {  // decode: an online prior is loaded here (64 registers)
       const Acc fin[1] = {r};
-      finish_channels<C, 1>(t, a, row, chan0 + k, fin, load_prior<C, 1>(t, a, chan0 + k));
+      if constexpr (!kEarlyPrior) prior = load_prior<C, 1>(t, a, chan0 + k);
+      finish_channels<C, 1>(t, a, row, chan0 + k, fin, prior);
     }
     if constexpr (C::kDecode) team_sync<C>();  // the team's next decode row reuses the partials
   }

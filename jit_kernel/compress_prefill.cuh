@@ -8,6 +8,14 @@
 //   prefill_kernel<kOnlineWrite>    pass 2 (online): one team per segment stores its state
 // Pass 2 is a programmatic dependent of pass 1 on sm_90: it loads first and waits before its
 // first store, because ring rows alias and every read of pass 1 must precede a write of pass 2.
+// Pass 1 lets pass 2 launch once its block has pooled (every window load is done; the store
+// epilogue follows), so pass 2's launch and loads overlap pass 1's last blocks. Every pass-2
+// block waits, even one with nothing to do, so pass 2 completes only after pass 1: a kernel
+// after pass 2 may rely on pass 1's stores as on pass 2's.
+//
+// C128 (Cfg::kNarrow): 8 blocks of 512 threads per row, 64 channels each; thread
+// (split s, vector v) loads entries 8s..8s+7 of channels 2v, 2v+1 (kv, score, bias: 24 8-byte
+// loads) in one burst, then the 16 splits' partials meet in shared memory (pool_row).
 #pragma once
 
 #include <cstdint>
@@ -28,18 +36,23 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
   block_coords<C>(rank, group, team, u);
   if constexpr (C::kCluster) cluster_entry<C>(sm);
   constexpr bool kWriteList = C::kPass == Pass::kOnlineWrite;
-  // Pass 1 is a programmatic dependent of the previous kernel; it lets pass 2 launch at its end
-  // only (pass 2 reads its input before its own wait).
+  // Pass 1 is a programmatic dependent of the previous kernel; pass 2 (the write list) reads its
+  // input before its own wait (in pool_row, before the state store).
+  static_assert(!kWriteList || C::kSplit > 1, "the write list waits in pool_row's combine");
   if constexpr (!kWriteList) {
     pdl_warm_params(warm_fold(a));
     pdl_wait();
   }
   const int64_t k = group * C::kTeams + team;
   const int64_t rows = kWriteList ? a.rows_w : a.rows;
-  if (k >= rows) return;  // uniform across the team and the cluster
+  if (k >= rows) {  // uniform across the team and the cluster
+    if constexpr (kWriteList) pdl_wait();
+    return;
+  }
   const CompressPlan p = reinterpret_cast<const CompressPlan*>(kWriteList ? a.plan_w : a.plan)[k];
   const bool valid = p.seq_len != kInvalidU32;
   if (!valid) {
+    if constexpr (kWriteList) pdl_wait();
     if constexpr (!C::kStoreRows && !kWriteList) zero_out_row<C>(a, k, u, rank);
     return;
   }
@@ -70,20 +83,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) prefill_kernel(con
     w.page0 = p.read_page_0;
     w.page1 = p.read_page_1;
   }
-  if constexpr (kWriteList) {
-    // Everything above only reads; the state store must wait for pass 1.
-    pdl_wait();
-  }
   if constexpr (C::kStageOps) {  // the store's operands fly while the row is pooled
     stage_invariants<C>(a, sm, team, u);
     stage_row_rope<C>(a, sm, team, u, t.position);
     async_commit();
   }
   pool_row<C>(w, t, a, sm, team, u, rank);
+  if constexpr (!kWriteList) pdl_launch_dependents();  // this block's window reads are done
   async_wait<0>();
   bool entry_pending = C::kCluster;
   store_pooled_row<C>(t, a, sm, team, u, rank, 0, entry_pending);
-  if constexpr (!kWriteList) pdl_launch_dependents();
 }
 
 // Prefill pass 2 (regular): one warp per WritePlan row copies the input row into the state.
@@ -96,6 +105,7 @@ __global__ void __launch_bounds__(256) write_kernel(const CompressArgs a) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t k = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
   if (k >= a.rows_w) {
+    pdl_wait();  // pass 2 completes after pass 1 (file header)
     return;
   }
   const WritePlan p = reinterpret_cast<const WritePlan*>(a.plan_w)[k];

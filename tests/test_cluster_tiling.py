@@ -82,9 +82,12 @@ def test_tiling_by_target(tmp_path) -> None:
     cl = {k[1:]: v for k, v in both_cl.items() if k[0] == "auto"}
     nocl = {k[1:]: v for k, v in both_nocl.items() if k[0] == "auto"}
     dec, pre = ("128", "0", "512", "v4", "decode"), ("128", "0", "512", "v4", "prefill")
-    # sm_90: a stored C128 row is an 8-block (decode) / 4-block (prefill) cluster of 512 threads
+    # sm_90: a stored C128 row is an 8-block cluster of 512 threads (decode and prefill: 64
+    # channels per block); the online prefill keeps 4 blocks of 128 channels
     assert (cl[dec]["csplit"], cl[dec]["cluster"], cl[dec]["threads"]) == (8, 1, 512)
-    assert (cl[pre]["csplit"], cl[pre]["cluster"]) == (4, 1)
+    assert (cl[pre]["csplit"], cl[pre]["cluster"], cl[pre]["chans"]) == (8, 1, 64)
+    online_pre = ("128", "1", "512", "v4", "prefill")
+    assert (cl[online_pre]["csplit"], cl[online_pre]["chans"]) == (4, 128)
     # without clusters: one 512-thread block per C128 row, stored or not, online prefill included
     for key, t in nocl.items():
         if key[0] == "128" and not (key[1] == "1" and key[4] == "decode"):
