@@ -623,9 +623,9 @@ struct StoreTiling {
 };
 
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn, int kRowWarps>
-__global__ void __launch_bounds__(StoreTiling<kHeadDim, kRowWarps>::kThreads,
-                                  launch_min_blocks(StoreTiling<kHeadDim, kRowWarps>::kMinBlocks, 1,
-                                                    StoreTiling<kHeadDim, kRowWarps>::kThreads))
+__global__ void __launch_bounds__((StoreTiling<kHeadDim, kRowWarps>::kThreads),
+                                  (launch_min_blocks(StoreTiling<kHeadDim, kRowWarps>::kMinBlocks, 1,
+                                                     StoreTiling<kHeadDim, kRowWarps>::kThreads)))
     store_kernel(const StoreKernelArgs args) {
   using T = StoreTiling<kHeadDim, kRowWarps>;
   using S = RowShare<kHeadDim, kRowWarps>;
