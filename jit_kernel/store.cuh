@@ -2,21 +2,24 @@
 // one compressed KV row per 32-lane warp (spec store-and-jit.md §4-§6). Device code; included
 // by kernel TUs only (the store family, and the compress family's fused store epilogue).
 //
-// store_row<kHeadDim, kFmt>(v, lane, position, loc, args)   -- the warp-cooperative row store
+// store_row_ops<kHeadDim, kFmt>(v, ops, lane, loc, args)   -- the warp-cooperative row store
 //   v         fp32, pre-norm, canonical row layout: lane `lane` holds
 //               v[4*j + i] = dim 128*j + 4*lane + i,   j < kHeadDim/128, i < 4
 //             (so the 64 RoPE dims are v[4*(J-1) .. 4*(J-1)+3] of lanes 16..31, J = kHeadDim/128;
 //             every lane's data bytes are contiguous and a warp's stores coalesce)
-//   position  RoPE row of args.freq (no bound check, like the peer)
+//   ops       the lane's weight and RoPE operands (position: RoPE row of args.freq, no bound
+//             check, like the peer): from block_operands (global memory) or staged_operands
+//             (shared-memory copies that stage_weight / stage_rope filled by cp.async; the
+//             compress kernel's epilogue, which stages them while it pools the row)
 //   loc       cache slot: page = loc >> page_shift, slot = loc & (page_size - 1)
 //   All 32 lanes of the warp must call it together (butterfly shuffles, full mask).
-// store_row_ops<kHeadDim, kFmt>(v, ops, lane, loc, args)   -- the same with the lane's weight and
-//   RoPE operands already in hand: from block_operands (global memory, what store_row does) or
-//   staged_operands (shared-memory copies that stage_weight / stage_rope filled by cp.async; the
-//   compress kernel's epilogue, which stages them while it pools the row).
+// store_blocks<kHeadDim, kFmt, kBpw>(blk, ops, j0, lane, ss, loc, args)   -- norm, RoPE and encode
+//   of kBpw blocks j0.. of a row whose fp64 sum of squares ss is known (block_sum_squares per
+//   warp, added in block order): store_row_ops and the standalone kernel's teams.
 //
 // Per row (fp32 unless noted; the reference is torch_backend/store.py):
-//   ss = sum x^2 in fp64 (exact squares; the reference's fp64 sum), rounded once to fp32
+//   ss = sum x^2 in fp64 (exact squares; the reference's fp64 sum): each 128-dim block's warp
+//        butterfly, the blocks added in block order; rounded once to fp32
 //   nf = fp32(1 / sqrt(fp64(ss / H + eps)))  -- correctly rounded, as the reference computes it
 //   y  = (x * nf) * w;   RoPE on the last 64 dims: re' = fma(re, c, -(im s)), im' = fma(re, s, im c)
 //   H = 128: Walsh-Hadamard (bits 0..6: bits 0-1 inside a lane, 2-6 across lanes), * rsqrtf(128)
@@ -37,18 +40,22 @@
 //   [dim0, dim0 + 64 | 128) in their canonical lanes, the row's fp64 sum of squares `ss` comes
 //   from slice_sum_squares of every slice (added in slice order), `ops` from block_operands
 //   (weight and RoPE row, loaded before the exchange). V4 and bf16 only: their tiles lie within
-//   64 dims; the indexer's Hadamard mixes a whole 128-dim row. Same bytes as store_row.
+//   64 dims; the indexer's Hadamard mixes a whole 128-dim row. Same bytes as store_row_ops.
 //
 // The standalone kernel (StoreLaunch<kHeadDim, kFmt, kIn>::run, store_launch.h):
-//   kv [rows, H] fp32 | bf16; plan [rows, 16]; grid ceil(rows / 8), block 256 = 8 warps, warp w of
-//   block b owns plan row 8b + w (surplus warps of the last block exit). Per row it loads the kv
-//   row (one 16-B / 8-B load per lane per 128 dims) together with the plan row (decode
-//   DecodePlan: stored iff seq_len % ratio == 0, dest out_loc[row]; prefill CompressPlan: stored
-//   iff seq_len != 0xFFFFFFFF, dest out_loc[ragged_id]; position int32(seq_len - ratio)), then --
-//   only for stored rows -- out_loc, the weight and the RoPE row, and calls store_row. Skipped
-//   rows write nothing. Launch on the caller's stream, no host synchronisation, graph-capturable;
-//   on SM90 (FC_ENABLE_PDL, cudaLaunchKernelEx) a programmatic dependent of the stream's previous
-//   kernel: it waits before its first load and lets the next kernel launch right after the wait.
+//   kv [rows, H] fp32 | bf16; plan [rows, 16]. A team of kRowWarps warps stores one plan row,
+//   warp w holding 128-dim blocks kBpw w .. kBpw w + kBpw - 1 (kBpw = H / 128 / kRowWarps):
+//   head 512 in launches of <= FC_STORE_WIDE_ROWS rows 4 warps (one block each, a 128-thread
+//   block per row), larger launches one warp per row (8 rows per 256-thread block); head 128 one
+//   warp. Per row, one burst of loads (plan row, kv and weight blocks, decode's out_loc[row]),
+//   the plan test (decode DecodePlan: stored iff seq_len % ratio == 0, dest out_loc[row]; prefill
+//   CompressPlan: stored iff seq_len != 0xFFFFFFFF, dest out_loc[ragged_id]; position
+//   int32(seq_len - ratio)), then the RoPE row (and prefill's out_loc) while the blocks' fp64
+//   sums of squares are taken; the row's sum adds the blocks' sums in block order (shared memory
+//   across the team), exactly as the compress epilogue's sliced store does. Skipped rows write
+//   nothing. Launch on the caller's stream, no host synchronisation, graph-capturable; on SM90
+//   (FC_ENABLE_PDL, cudaLaunchKernelEx) a programmatic dependent of the stream's previous kernel:
+//   it waits before its first load and lets the next kernel launch right after the wait.
 //
 // Host emulation (tests/native/store_host_emulator.cu): with FC_STORE_HOST_EMULATION defined the
 // row functions are __host__ __device__ and the host pass exchanges lane values through
