@@ -2,21 +2,24 @@
 // one compressed KV row per 32-lane warp (spec store-and-jit.md §4-§6). Device code; included
 // by kernel TUs only (the store family, and the compress family's fused store epilogue).
 //
-// store_row<kHeadDim, kFmt>(v, lane, position, loc, args)   -- the warp-cooperative row store
+// store_row_ops<kHeadDim, kFmt>(v, ops, lane, loc, args)   -- the warp-cooperative row store
 //   v         fp32, pre-norm, canonical row layout: lane `lane` holds
 //               v[4*j + i] = dim 128*j + 4*lane + i,   j < kHeadDim/128, i < 4
 //             (so the 64 RoPE dims are v[4*(J-1) .. 4*(J-1)+3] of lanes 16..31, J = kHeadDim/128;
 //             every lane's data bytes are contiguous and a warp's stores coalesce)
-//   position  RoPE row of args.freq (no bound check, like the peer)
+//   ops       the lane's weight and RoPE operands (position: RoPE row of args.freq, no bound
+//             check, like the peer): from block_operands (global memory) or staged_operands
+//             (shared-memory copies that stage_weight / stage_rope filled by cp.async; the
+//             compress kernel's epilogue, which stages them while it pools the row)
 //   loc       cache slot: page = loc >> page_shift, slot = loc & (page_size - 1)
 //   All 32 lanes of the warp must call it together (butterfly shuffles, full mask).
-// store_row_ops<kHeadDim, kFmt>(v, ops, lane, loc, args)   -- the same with the lane's weight and
-//   RoPE operands already in hand: from block_operands (global memory, what store_row does) or
-//   staged_operands (shared-memory copies that stage_weight / stage_rope filled by cp.async; the
-//   compress kernel's epilogue, which stages them while it pools the row).
+// store_blocks<kHeadDim, kFmt, kBpw>(blk, ops, j0, lane, ss, loc, args)   -- norm, RoPE and encode
+//   of kBpw blocks j0.. of a row whose fp64 sum of squares ss is known (block_sum_squares per
+//   warp, added in block order): store_row_ops and the standalone kernel's teams.
 //
 // Per row (fp32 unless noted; the reference is torch_backend/store.py):
-//   ss = sum x^2 in fp64 (exact squares; the reference's fp64 sum), rounded once to fp32
+//   ss = sum x^2 in fp64 (exact squares; the reference's fp64 sum): each 128-dim block's warp
+//        butterfly, the blocks added in block order; rounded once to fp32
 //   nf = fp32(1 / sqrt(fp64(ss / H + eps)))  -- correctly rounded, as the reference computes it
 //   y  = (x * nf) * w;   RoPE on the last 64 dims: re' = fma(re, c, -(im s)), im' = fma(re, s, im c)
 //   H = 128: Walsh-Hadamard (bits 0..6: bits 0-1 inside a lane, 2-6 across lanes), * rsqrtf(128)
@@ -37,18 +40,22 @@
 //   [dim0, dim0 + 64 | 128) in their canonical lanes, the row's fp64 sum of squares `ss` comes
 //   from slice_sum_squares of every slice (added in slice order), `ops` from block_operands
 //   (weight and RoPE row, loaded before the exchange). V4 and bf16 only: their tiles lie within
-//   64 dims; the indexer's Hadamard mixes a whole 128-dim row. Same bytes as store_row.
+//   64 dims; the indexer's Hadamard mixes a whole 128-dim row. Same bytes as store_row_ops.
 //
 // The standalone kernel (StoreLaunch<kHeadDim, kFmt, kIn>::run, store_launch.h):
-//   kv [rows, H] fp32 | bf16; plan [rows, 16]; grid ceil(rows / 8), block 256 = 8 warps, warp w of
-//   block b owns plan row 8b + w (surplus warps of the last block exit). Per row it loads the kv
-//   row (one 16-B / 8-B load per lane per 128 dims) together with the plan row (decode
-//   DecodePlan: stored iff seq_len % ratio == 0, dest out_loc[row]; prefill CompressPlan: stored
-//   iff seq_len != 0xFFFFFFFF, dest out_loc[ragged_id]; position int32(seq_len - ratio)), then --
-//   only for stored rows -- out_loc, the weight and the RoPE row, and calls store_row. Skipped
-//   rows write nothing. Launch on the caller's stream, no host synchronisation, graph-capturable;
-//   on SM90 (FC_ENABLE_PDL, cudaLaunchKernelEx) a programmatic dependent of the stream's previous
-//   kernel: it waits before its first load and lets the next kernel launch right after the wait.
+//   kv [rows, H] fp32 | bf16; plan [rows, 16]. A team of kRowWarps warps stores one plan row,
+//   warp w holding 128-dim blocks kBpw w .. kBpw w + kBpw - 1 (kBpw = H / 128 / kRowWarps):
+//   head 512 in launches of <= FC_STORE_WIDE_ROWS rows 4 warps (one block each, a 128-thread
+//   block per row), larger launches one warp per row (8 rows per 256-thread block); head 128 one
+//   warp. Per row, one burst of loads (plan row, kv and weight blocks, decode's out_loc[row]),
+//   the plan test (decode DecodePlan: stored iff seq_len % ratio == 0, dest out_loc[row]; prefill
+//   CompressPlan: stored iff seq_len != 0xFFFFFFFF, dest out_loc[ragged_id]; position
+//   int32(seq_len - ratio)), then the RoPE row (and prefill's out_loc) while the blocks' fp64
+//   sums of squares are taken; the row's sum adds the blocks' sums in block order (shared memory
+//   across the team), exactly as the compress epilogue's sliced store does. Skipped rows write
+//   nothing. Launch on the caller's stream, no host synchronisation, graph-capturable; on SM90
+//   (FC_ENABLE_PDL, cudaLaunchKernelEx) a programmatic dependent of the stream's previous kernel:
+//   it waits before its first load and lets the next kernel launch right after the wait.
 //
 // Host emulation (tests/native/store_host_emulator.cu): with FC_STORE_HOST_EMULATION defined the
 // row functions are __host__ __device__ and the host pass exchanges lane values through
@@ -98,8 +105,6 @@ double shfl_xor(double v, int mask);
 
 inline constexpr int kWarpLanes = 32;
 inline constexpr int kRopeDim = 64;
-inline constexpr int kWarpsPerBlock = 8;
-inline constexpr int kBlockThreads = kWarpsPerBlock * kWarpLanes;
 inline constexpr float kAmaxFloor = 1e-4f;
 inline constexpr uint32_t kHadamardScaleBits = 0x3DB504F3u;  // rsqrtf(128), correctly rounded
 
@@ -341,35 +346,37 @@ FC_STORE_FN void check_format() {
 
 }  // namespace detail
 
-// One 32-lane warp stores one row whose weight and RoPE operands `ops` (block_operands, or
-// staged_operands) it already holds.
-template <int kHeadDim, StoreFormat kFmt>
-FC_STORE_FN void store_row_ops(float (&v)[kHeadDim / 32], const detail::BlockOperands (&ops)[kHeadDim / 128],
-                               int lane, int64_t loc, const StoreArgs& args) {
-  detail::check_format<kHeadDim, kFmt>();
-  constexpr int kBlocks = kHeadDim / 128;
-  float (*blk)[4] = reinterpret_cast<float (*)[4]>(v);  // blk[j] = block j of this lane
-
-  // RMSNorm, then RoPE on the last 64 dims.
-  double ss = 0.0;
+// The row's fp64 sum of squares from the lane values of `kBpw` 128-dim blocks: each block's warp
+// sum (slice_sum_squares), then the blocks added in block order, exactly as the compress
+// epilogue's sliced store and the multi-warp standalone kernel add them (head 128: one block, the
+// same bytes as a lane-order sum).
+template <int kBpw>
+FC_STORE_FN void block_sum_squares(const float (&blk)[kBpw][4], double (&part)[kBpw]) {
 FC_STORE_UNROLL
-  for (int j = 0; j < kBlocks; ++j) ss += detail::sum_squares4(blk[j]);
-  ss = detail::lanes_sum_f64<kWarpLanes>(ss);
+  for (int b = 0; b < kBpw; ++b) part[b] = detail::lanes_sum_f64<kWarpLanes>(detail::sum_squares4(blk[b]));
+}
+
+// Norm, RoPE and encode of `kBpw` consecutive 128-dim blocks j0 .. j0 + kBpw - 1 of a row whose
+// fp64 sum of squares is `ss` (a warp's share of the row; the indexer formats: the whole row).
+template <int kHeadDim, StoreFormat kFmt, int kBpw>
+FC_STORE_FN void store_blocks(float (&blk)[kBpw][4], const detail::BlockOperands (&ops)[kBpw], int j0, int lane,
+                              double ss, int64_t loc, const StoreArgs& args) {
+  detail::check_format<kHeadDim, kFmt>();
   const float nf = detail::norm_factor<kHeadDim>(ss, args.norm_eps);
 FC_STORE_UNROLL
-  for (int j = 0; j < kBlocks; ++j) detail::norm_rope_block(blk[j], nf, ops[j]);
-
+  for (int b = 0; b < kBpw; ++b) detail::norm_rope_block(blk[b], nf, ops[b]);
   const detail::Entry entry = detail::entry_at<kFmt>(args, loc);
   if constexpr (kFmt == StoreFormat::kV4 || kFmt == StoreFormat::kBf16) {
 FC_STORE_UNROLL
-    for (int j = 0; j < kBlocks; ++j) {
+    for (int b = 0; b < kBpw; ++b) {
       if constexpr (kFmt == StoreFormat::kV4) {
-        detail::encode_v4_block(blk[j], j, lane, true, entry);
+        detail::encode_v4_block(blk[b], j0 + b, lane, true, entry);
       } else {
-        detail::encode_bf16_block(blk[j], j, lane, true, entry);
+        detail::encode_bf16_block(blk[b], j0 + b, lane, true, entry);
       }
     }
   } else {
+    static_assert(kBpw == 1, "the indexer formats store a 128-dim row");
     detail::hadamard128(blk[0], lane);
     if constexpr (kFmt == StoreFormat::kIndexFp8) {
       detail::encode_index_fp8(blk[0], lane, entry);
@@ -379,15 +386,19 @@ FC_STORE_UNROLL
   }
 }
 
-// One 32-lane warp stores one row (see the file comment for the layout and the math).
+// One 32-lane warp stores one row whose weight and RoPE operands `ops` (block_operands, or
+// staged_operands) it already holds.
 template <int kHeadDim, StoreFormat kFmt>
-FC_STORE_FN void store_row(float (&v)[kHeadDim / 32], int lane, int64_t position, int64_t loc,
-                           const StoreArgs& args) {
-  // Issue the weight and RoPE-table loads before the reduction.
-  detail::BlockOperands ops[kHeadDim / 128];
+FC_STORE_FN void store_row_ops(float (&v)[kHeadDim / 32], const detail::BlockOperands (&ops)[kHeadDim / 128],
+                               int lane, int64_t loc, const StoreArgs& args) {
+  constexpr int kBlocks = kHeadDim / 128;
+  float (&blk)[kBlocks][4] = *reinterpret_cast<float (*)[kBlocks][4]>(v);  // blk[j] = block j of this lane
+  double part[kBlocks];
+  block_sum_squares<kBlocks>(blk, part);
+  double ss = 0.0;
 FC_STORE_UNROLL
-  for (int j = 0; j < kHeadDim / 128; ++j) ops[j] = detail::block_operands<kHeadDim>(args, j, lane, position);
-  store_row_ops<kHeadDim, kFmt>(v, ops, lane, loc, args);
+  for (int j = 0; j < kBlocks; ++j) ss += part[j];
+  store_blocks<kHeadDim, kFmt, kBlocks>(blk, ops, 0, lane, ss, loc, args);
 }
 
 // ------------------------------------------------------------------ operands staged in shared memory
@@ -473,81 +484,197 @@ FC_STORE_FN void store_slice(float (&y)[4], const detail::BlockOperands& ops, in
   }
 }
 
-// Where plan row `row` of the standalone kernel stores (false: the row is skipped). Decode's slot
-// is out_loc[row], prefill's out_loc[ragged_id] (read from the plan row).
+// ------------------------------------------------------------------ the standalone kernel's rows
+//
+// A team of kRowWarps warps stores one plan row; warp w of the team holds the kBpw = H / 128 /
+// kRowWarps blocks j = kBpw w .. kBpw w + kBpw - 1 in the canonical lanes (lane l: dims 128 j +
+// 4 l + i). begin_row issues, in one burst, the plan row, the kv blocks, the weight blocks and
+// (decode) out_loc[row] -- none depends on another --, tests the plan row, then issues the only
+// loads that depend on it (the RoPE row on the lanes that rotate, prefill's out_loc[ragged_id])
+// and computes the blocks' warp sums of squares while they are in flight. The team adds the
+// blocks' sums in block order (through shared memory when kRowWarps > 1) and finish_row stores
+// the warp's blocks. Same bytes as the compress epilogue's store for every kRowWarps.
+
+// Where a stored plan row goes.
 struct RowDest {
   int64_t position;  // RoPE row
   int64_t loc;       // cache slot
 };
 
-FC_STORE_FN bool plan_row_dest(const StoreKernelArgs& args, int64_t row, RowDest& d) {
-  uint32_t seq_len;
+// Lane values of 4 consecutive elements at `p + offset` as fp32 (16-B / 8-B load).
+template <RowDtype kIn>
+FC_STORE_FN void load_row4(const void* p, int64_t offset, float (&out)[4]) {
+  if constexpr (kIn == RowDtype::kF32) {
+    const Vec<float, 4> x = detail::load4(static_cast<const float*>(p) + offset);
+FC_STORE_UNROLL
+    for (int i = 0; i < 4; ++i) out[i] = x.v[i];
+  } else {
+    detail::load4_bf16(static_cast<const uint16_t*>(p) + offset, out);
+  }
+}
+
+// One warp's share of a plan row.
+template <int kHeadDim, int kRowWarps>
+struct RowShare {
+  static constexpr int kBlocks = kHeadDim / 128;
+  static constexpr int kBpw = kBlocks / kRowWarps;  // blocks of this warp
+  static_assert(kBpw >= 1 && kBlocks % kRowWarps == 0, "a warp holds whole 128-dim blocks");
+  float v[kBpw][4];                     // kv values
+  detail::BlockOperands ops[kBpw];      // weight and RoPE operands
+  double part[kBpw];                    // warp sums of squares of the blocks
+  RowDest d;
+};
+
+// Warp w's loads and partial sums of plan row `row`; false: the row is skipped (decode: seq_len
+// % ratio != 0; prefill: seq_len == 0xFFFFFFFF), nothing is written. Warp-uniform, and uniform
+// over the team (every warp reads the same plan row).
+template <int kHeadDim, RowDtype kIn, int kRowWarps>
+FC_STORE_FN bool begin_row(const StoreKernelArgs& args, int64_t row, int w, int lane, RowShare<kHeadDim, kRowWarps>& s) {
+  using S = RowShare<kHeadDim, kRowWarps>;
+  // The burst: plan row, kv and weight blocks, decode's slot. In the standalone kernel the
+  // weight is in the row dtype (norm_weight for fp32 rows, norm_weight_bf16 for bf16 rows).
+  uint32_t seq_len, ragged_id = 0;
   if (args.is_decode) {
-    d.loc = args.out_loc[row];
     seq_len = reinterpret_cast<const DecodePlan*>(args.plan)[row].seq_len;
+    s.d.loc = args.out_loc[row];
+  } else {
+    // seq_len and ragged_id (the first 8 bytes of the CompressPlan row) in one load
+    const Vec<uint32_t, 2> p = *reinterpret_cast<const Vec<uint32_t, 2>*>(args.plan + row * kCompressPlanBytes);
+    seq_len = p.v[0];
+    ragged_id = p.v[1] & 0xFFFFu;
+  }
+  const void* weight = kIn == RowDtype::kF32 ? static_cast<const void*>(args.store.norm_weight)
+                                             : static_cast<const void*>(args.store.norm_weight_bf16);
+FC_STORE_UNROLL
+  for (int b = 0; b < S::kBpw; ++b) {
+    const int d = 128 * (S::kBpw * w + b) + 4 * lane;
+    load_row4<kIn>(args.kv, row * kHeadDim + d, s.v[b]);
+    load_row4<kIn>(weight, d, s.ops[b].w);
+    s.ops[b].rope = false;
+    s.ops[b].cs = Vec<float, 4>{{1.0f, 0.0f, 1.0f, 0.0f}};
+  }
+  if (args.is_decode) {
     // ratio 4 or 128 (the API's compress ratios): a mask, not a division
     if ((seq_len & (args.ratio - 1)) != 0) return false;
   } else {
-    const CompressPlan p = reinterpret_cast<const CompressPlan*>(args.plan)[row];
-    seq_len = p.seq_len;
     if (seq_len == kInvalidU32) return false;
-    d.loc = args.out_loc[p.ragged_id];
+    s.d.loc = args.out_loc[ragged_id];
   }
-  d.position = static_cast<int32_t>(seq_len - args.ratio);  // u32 subtraction as int32, as the peer does
+  s.d.position = static_cast<int32_t>(seq_len - args.ratio);  // u32 subtraction as int32, as the peer does
+  if (detail::rope_lane<kHeadDim>(S::kBpw * w + S::kBpw - 1, lane)) {
+    s.ops[S::kBpw - 1].rope = true;
+    s.ops[S::kBpw - 1].cs = detail::load4(args.store.freq + s.d.position * kRopeDim + 4 * (lane - 16));
+  }
+  block_sum_squares<S::kBpw>(s.v, s.part);
   return true;
 }
 
-// Lane `lane`'s values of kv row `row` in the canonical layout (fp32).
-template <int kHeadDim, RowDtype kIn>
-FC_STORE_FN void load_kv_row(const StoreKernelArgs& args, int64_t row, int lane, float (&v)[kHeadDim / 32]) {
-FC_STORE_UNROLL
-  for (int j = 0; j < kHeadDim / 128; ++j) {
-    const int64_t offset = row * kHeadDim + 128 * j + 4 * lane;
-    if constexpr (kIn == RowDtype::kF32) {
-      const Vec<float, 4> x = detail::load4(static_cast<const float*>(args.kv) + offset);
-FC_STORE_UNROLL
-      for (int i = 0; i < 4; ++i) v[4 * j + i] = x.v[i];
-    } else {
-      float x[4];
-      detail::load4_bf16(static_cast<const uint16_t*>(args.kv) + offset, x);
-FC_STORE_UNROLL
-      for (int i = 0; i < 4; ++i) v[4 * j + i] = x[i];
-    }
-  }
+// Warp w stores its blocks of the row whose sum of squares (all blocks, block order) is `ss`.
+template <int kHeadDim, StoreFormat kFmt, int kRowWarps>
+FC_STORE_FN void finish_row(RowShare<kHeadDim, kRowWarps>& s, double ss, int w, int lane, const StoreArgs& args) {
+  using S = RowShare<kHeadDim, kRowWarps>;
+  store_blocks<kHeadDim, kFmt, S::kBpw>(s.v, s.ops, S::kBpw * w, lane, ss, s.d.loc, args);
 }
 
-// One plan row of the standalone kernel (warp-uniform: every lane takes the same branch). The kv
-// row does not depend on the plan row: it is loaded first, so a stored row waits on one round
-// trip (plan row and kv row) before the one of its slot, weight and RoPE row; a skipped row's kv
-// loads are wasted (mostly decode: 3 of 4 C4 requests).
-template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
+// Warps per row (1, 2 or 4): head-512 rows of small launches (decode) spread over
+// FC_STORE_WIDE_WARPS warps, those of launches of more than FC_STORE_WIDE_ROWS rows (prefill)
+// over FC_STORE_NARROW_WARPS (one warp keeps the most bytes in flight per SM); head 128 one warp
+// (the Hadamard mixes the whole row across the warp's lanes). HIP: one warp per row.
+#ifndef FC_STORE_WIDE_WARPS
+#define FC_STORE_WIDE_WARPS 4
+#endif
+#ifndef FC_STORE_NARROW_WARPS
+#define FC_STORE_NARROW_WARPS 1
+#endif
+#ifndef FC_STORE_WIDE_ROWS
+#define FC_STORE_WIDE_ROWS 1024
+#endif
+template <int kHeadDim>
+inline constexpr int kWideWarps = (kHeadDim == 128 || FC_GPU_HIP) ? 1 : FC_STORE_WIDE_WARPS;
+template <int kHeadDim>
+inline constexpr int kNarrowWarps = (kHeadDim == 128 || FC_GPU_HIP) ? 1 : FC_STORE_NARROW_WARPS;
+inline constexpr int64_t kWideRowsMax = FC_STORE_WIDE_ROWS;
+
+// One warp plays every warp of a team of kRowWarps in turn (the row sums exchanged in
+// registers): the host emulator's row code (tests/native/store_host_emulator.cu), and the same
+// loads, sums and stores as the kernel's team.
+template <int kHeadDim, StoreFormat kFmt, RowDtype kIn, int kRowWarps = kWideWarps<kHeadDim>>
 FC_STORE_FN void store_plan_row(const StoreKernelArgs& args, int64_t row, int lane) {
-  float v[kHeadDim / 32];
-  load_kv_row<kHeadDim, kIn>(args, row, lane, v);
-  RowDest d;
-  if (!plan_row_dest(args, row, d)) return;
-  store_row<kHeadDim, kFmt>(v, lane, d.position, d.loc, args.store);
+  RowShare<kHeadDim, kRowWarps> s[kRowWarps];
+FC_STORE_UNROLL
+  for (int w = 0; w < kRowWarps; ++w) {
+    if (!begin_row<kHeadDim, kIn, kRowWarps>(args, row, w, lane, s[w])) return;
+  }
+  double ss = 0.0;
+FC_STORE_UNROLL
+  for (int w = 0; w < kRowWarps; ++w) {
+FC_STORE_UNROLL
+    for (int b = 0; b < RowShare<kHeadDim, kRowWarps>::kBpw; ++b) ss += s[w].part[b];
+  }
+FC_STORE_UNROLL
+  for (int w = 0; w < kRowWarps; ++w) finish_row<kHeadDim, kFmt, kRowWarps>(s[w], ss, w, lane, args.store);
 }
 
 // ------------------------------------------------------------------ kernels and launchers
 
-// Blocks per SM the register budget must allow: head 128 keeps the whole SM (32 registers; the
-// 8192-row launch of a 32768-token prefill is then one wave), head 512 four blocks (64).
-template <int kHeadDim>
-inline constexpr int kStoreMinBlocks = kHeadDim == 128 ? 8 : 4;
+// A block: one row of kRowWarps warps (kRowWarps > 1; the team's barrier is the block's), or 8
+// rows of one warp. Resident blocks the register budget must allow: 48 warps per SM for teams
+// (<= 40 registers: 12 rows of 4 warps, 1584 rows per wave on 132 SMs), the whole SM for head-128
+// rows (<= 32 registers: a 32768-token prefill is one wave) and 4 blocks of one-warp head-512
+// rows (<= 64 registers: 32 rows of 2 KB in flight per SM).
+template <int kHeadDim, int kRowWarps>
+struct StoreTiling {
+  static constexpr int kRowsPerBlock = kRowWarps == 1 ? 8 : 1;
+  static constexpr int kThreads = kRowsPerBlock * kRowWarps * kWarpLanes;
+  static constexpr int kMinBlocks = kRowWarps > 1 ? 1536 / kThreads : (kHeadDim == 512 ? 4 : 8);
+};
 
-template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
-__global__ void __launch_bounds__(kBlockThreads, kStoreMinBlocks<kHeadDim>) store_kernel(const StoreKernelArgs args) {
+template <int kHeadDim, StoreFormat kFmt, RowDtype kIn, int kRowWarps>
+__global__ void __launch_bounds__((StoreTiling<kHeadDim, kRowWarps>::kThreads),
+                                  (launch_min_blocks(StoreTiling<kHeadDim, kRowWarps>::kMinBlocks, 1,
+                                                     StoreTiling<kHeadDim, kRowWarps>::kThreads)))
+    store_kernel(const StoreKernelArgs args) {
+  using T = StoreTiling<kHeadDim, kRowWarps>;
+  using S = RowShare<kHeadDim, kRowWarps>;
   const int lane = static_cast<int>(threadIdx.x) & (kWarpLanes - 1);
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x / kWarpLanes);
+  const int warp = static_cast<int>(threadIdx.x) / kWarpLanes;
+  const int w = warp % kRowWarps;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * T::kRowsPerBlock + warp / kRowWarps;
   // A programmatic dependent of the previous kernel (sm_90): parameters read first (one field
-  // from each 32-byte span), nothing from global memory before the wait; the grid fills every
-  // block slot, so the next kernel may launch at once (gpu_runtime.h).
+  // from each 32-byte span), nothing from global memory before the wait; the next kernel may
+  // launch right after the wait (gpu_runtime.h).
   pdl_warm_params(fold_params(args.kv, args.rows, args.store.norm_weight_bf16, args.store.freq_rows));
   pdl_enter<true>();
-  if (row >= args.rows) return;  // whole warps only
-  store_plan_row<kHeadDim, kFmt, kIn>(args, row, lane);
+  if (row >= args.rows) return;  // whole warps (kRowWarps > 1: the whole block)
+  S s;
+  if (!begin_row<kHeadDim, kIn, kRowWarps>(args, row, w, lane, s)) return;  // the whole team
+  double ss = 0.0;
+  if constexpr (kRowWarps == 1) {
+FC_STORE_UNROLL
+    for (int b = 0; b < S::kBpw; ++b) ss += s.part[b];
+  } else {
+    // the blocks' sums meet in shared memory, added in block order by every thread
+    __shared__ double part[S::kBlocks];
+    if (lane == 0) {
+FC_STORE_UNROLL
+      for (int b = 0; b < S::kBpw; ++b) part[S::kBpw * w + b] = s.part[b];
+    }
+    __syncthreads();
+FC_STORE_UNROLL
+    for (int r = 0; r < S::kBlocks; ++r) ss += part[r];
+  }
+  finish_row<kHeadDim, kFmt, kRowWarps>(s, ss, w, lane, args.store);
   pdl_leave<true>();
+}
+
+template <int kHeadDim, StoreFormat kFmt, RowDtype kIn, int kRowWarps>
+gpuError_t launch_rows(const StoreKernelArgs& args, gpuStream_t stream) {
+  using T = StoreTiling<kHeadDim, kRowWarps>;
+  const int64_t blocks = (args.rows + T::kRowsPerBlock - 1) / T::kRowsPerBlock;
+  // CUDA sm_90+: a programmatic dependent of the previous kernel
+  return launch_kernel(store_kernel<kHeadDim, kFmt, kIn, kRowWarps>,
+                       {static_cast<unsigned>(blocks), static_cast<unsigned>(T::kThreads), 0, 1, kPdlLaunch}, stream,
+                       args);
 }
 
 }  // namespace store
@@ -555,11 +682,11 @@ __global__ void __launch_bounds__(kBlockThreads, kStoreMinBlocks<kHeadDim>) stor
 template <int kHeadDim, StoreFormat kFmt, RowDtype kIn>
 gpuError_t StoreLaunch<kHeadDim, kFmt, kIn>::run(const StoreKernelArgs& args, gpuStream_t stream) {
   if (args.rows <= 0) return gpuSuccess;
-  const int64_t blocks = (args.rows + store::kWarpsPerBlock - 1) / store::kWarpsPerBlock;
-  // CUDA sm_90+: a programmatic dependent of the previous kernel
-  return launch_kernel(store::store_kernel<kHeadDim, kFmt, kIn>,
-                       {static_cast<unsigned>(blocks), static_cast<unsigned>(store::kBlockThreads), 0, 1, kPdlLaunch},
-                       stream, args);
+  // wide teams for small launches, narrow ones for large launches: same bytes either way
+  if (args.rows <= store::kWideRowsMax) {
+    return store::launch_rows<kHeadDim, kFmt, kIn, store::kWideWarps<kHeadDim>>(args, stream);
+  }
+  return store::launch_rows<kHeadDim, kFmt, kIn, store::kNarrowWarps<kHeadDim>>(args, stream);
 }
 
 }  // namespace flashcompress

@@ -1,6 +1,7 @@
 // Host emulator of the store kernel (test support, runs on a machine without a GPU).
 //
-// Runs the exact per-row code of jit_kernel/store.cuh (store_plan_row -> store_row) on the CPU:
+// Runs the exact per-row code of jit_kernel/store.cuh (store_plan_row: begin_row / finish_row of
+// every warp of a row's team in turn) on the CPU:
 // 32 std::threads play the 32 lanes of one warp and walk the plan rows together; the lane
 // shuffles (store::host_lanes::shfl_xor) exchange values through a shared slot array between
 // two barriers. Used by tests/test_store_kernel_host.py to compare the bytes with the PyTorch
@@ -9,7 +10,7 @@
 // Usage: store_host_emulator <dir>. <dir>/params.txt holds
 //   <fmt: v4|idx_fp8|idx_fp4|bf16> <dtype: f32|bf16> <rows> <ratio> <is_decode> <page_size>
 //   <eps as fp32 bit pattern> <freq_rows> <out_loc_len> <cache_bytes> [<slice: 0|64|128>]
-// slice 0 (default) runs store_row; 64 or 128 (V4, bf16) runs the sliced store of the compress
+// slice 0 (default) runs store_plan_row; 64 or 128 (V4, bf16) runs the sliced store of the compress
 // kernel's epilogue (the C128 cluster's blocks, or the warps of a head-512 one-block store): the
 // warp plays each slice's block / warp in turn (slice_sum_squares), adds the partial sums in
 // slice order, then stores every slice with store_slice.
@@ -113,15 +114,14 @@ template <int kHeadDim, fc::StoreFormat kFmt, fc::RowDtype kIn, int kSlice>
 void store_row_sliced(const fc::StoreKernelArgs& args, int64_t row, int lane) {
   namespace st = fc::store;
   constexpr int kSlices = kHeadDim / kSlice;
-  st::RowDest d;
-  if (!st::plan_row_dest(args, row, d)) return;
-  float v[kHeadDim / 32];
-  st::load_kv_row<kHeadDim, kIn>(args, row, lane, v);
+  st::RowShare<kHeadDim, 1> s;  // the whole row in one warp (the standalone kernel's loads)
+  if (!st::begin_row<kHeadDim, kIn, 1>(args, row, 0, lane, s)) return;
+  const st::RowDest& d = s.d;
   float y[kSlices][4];
   double part[kSlices];
   for (int r = 0; r < kSlices; ++r) {
     const int dim0 = r * kSlice, j = dim0 / 128;
-    for (int i = 0; i < 4; ++i) y[r][i] = st::slice_lane<kSlice>(dim0, lane) ? v[4 * j + i] : 0.0f;
+    for (int i = 0; i < 4; ++i) y[r][i] = st::slice_lane<kSlice>(dim0, lane) ? s.v[j][i] : 0.0f;
     part[r] = st::slice_sum_squares(y[r]);
   }
   double ss = 0.0;
