@@ -317,15 +317,14 @@ def check_prefill_lengths(
     if num_q_tokens < batch:  # type: ignore[operator]
         fail("num_q_tokens", f">= batch size {batch}", num_q_tokens)
     if batch and wants_value_checks(extend_lens):
-        bad = (extend_lens <= 0) | (extend_lens > seq_lens)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
-            fail(
-                "extend_lens",
-                "0 < extend_lens[i] <= seq_lens[i] for every request",
-                f"extend_lens[{i}] = {int(extend_lens[i])}, seq_lens[{i}] = {int(seq_lens[i])}",
-            )
-        total = int(extend_lens.sum())
+        # one Python pass over the two lists: cheaper than the four torch ops it replaces up to
+        # thousands of requests (each torch CPU op costs a few µs)
+        ext, seq = extend_lens.tolist(), seq_lens.tolist()
+        for i, (e, s) in enumerate(zip(ext, seq)):
+            if e <= 0 or e > s:
+                fail("extend_lens", "0 < extend_lens[i] <= seq_lens[i] for every request",
+                     f"extend_lens[{i}] = {e}, seq_lens[{i}] = {s}")
+        total = sum(ext)
         if exact_total and total != num_q_tokens:
             fail("num_q_tokens", f"sum(extend_lens) = {total}", num_q_tokens)
         if not exact_total and total > num_q_tokens:  # type: ignore[operator]
