@@ -86,15 +86,15 @@ def binding_rows(b, s, layer, store, what: str, iters: int, timer: C.Timer) -> l
     comp = cc._module(layer.ratio, layer.online, layer.head_dim, f32, b.state.dtype, f32, "none", "auto")
     fused = cc._module(layer.ratio, layer.online, layer.head_dim, f32, b.state.dtype, f32, fmt.name, "auto")
     st = cs.store_module(fmt, f32)
-    freq = b.freq_cis.view(torch.float32)
+    freq = b.freq_cis  # complex64 [T, 32]: the bindings take the table itself
     cache = b.cache(store)
-    # the tensors the API hands the backend (flat state view, plan rows)
+    # the tensors the backend hands the binding (the pool as passed, plan rows)
     c = V.check_compress(b.state, s.inp, b.ape, s.plan, layer.head_dim, layer.ratio, s.out, layer.online)
     calls = [
         ("compress_forward", "binding: tvm-ffi call + launch",
-         lambda: comp.compress(c.state, c.inp, c.ape, c.plan_rows, c.plan_rows, s.out, True)),
+         lambda: comp.compress(c.pool, c.inp, c.ape, c.plan_rows, c.plan_rows, s.out, True)),
         ("compress_and_store", "binding: tvm-ffi call + launch",
-         lambda: fused.compress_store(c.state, c.inp, c.ape, c.plan_rows, c.plan_rows, b.norm_weight, freq, s.out_loc,
+         lambda: fused.compress_store(c.pool, c.inp, c.ape, c.plan_rows, c.plan_rows, b.norm_weight, freq, s.out_loc,
                                       cache, NORM_EPS, store.page_size, True)),
         ("store module page_bytes(64)", "ffi floor: no tensor arguments", lambda: st.page_bytes(64)),
     ]
