@@ -20,6 +20,10 @@ Three tiers:
     lengths) read tensor *values*.  They always run for CPU tensors (cheap, no
     sync) and for CUDA tensors only when ``FLASHCOMPRESS_DEBUG=1``, because
     reading device values forces a host synchronisation;
+  * steady state: where the binding re-checks dtype / shape / contiguity / device (CUDA
+    tensors outside ``FLASHCOMPRESS_DEBUG=1``), a call whose scalars, plan and tensor data
+    pointers / shapes / dtypes match an earlier checked call is rebuilt from that call's
+    facts without re-checking (``_MEMO``, see "The steady-state memo" below);
   * finite-value checks (``check_finite_reads``: no NaN / inf in the ``kv_score_input``
     rows and no NaN in the state rows a compress call reads) cost a pass over those
     rows, so they run only with ``FLASHCOMPRESS_DEBUG=1``, on every device.
