@@ -5,7 +5,8 @@ the launch must stay near 8 us.  Per op (compress_forward, compress_norm_rope_st
 compress_and_store), on a decode batch built like ``bench_compress.py``'s ``rand`` case
 (``--batch`` requests, C4 head 512 by default, V4 store at page 64):
 
-* ``validation``: ``validation.check_*`` alone (builds the call object).
+* ``validation``: ``validation.check_*`` alone (builds the call object): a steady-state call
+  (its key in the memo of checked calls, CUDA or ``--metadata-only``) and a memo miss (every check).
 * ``dispatch``: ``dispatch.run_*`` on a ready call object, the backend replaced by a no-op
   (output allocation, the empty-plan test, the backend choice).
 * ``stub``: the public call with the backend replaced by no-ops: validation + dispatch.
@@ -24,7 +25,9 @@ compress_and_store), on a decode batch built like ``bench_compress.py``'s ``rand
     python benchmarks/bench_host_overhead.py [--device cuda|cpu] [--mode stub|full|all] [--batch 64]
 
 Data-dependent checks (debug tier) are excluded on CUDA unless FLASHCOMPRESS_DEBUG=1; on
-CPU they always run unless ``--metadata-only`` (which the table shows too).
+CPU they always run unless ``--metadata-only``, which also leaves the device and contiguity
+checks to the (absent) binding as on CUDA, so the CPU rows then show the CUDA path's Python.
+Calls run under ``torch.no_grad()`` (as an engine decodes) unless ``--grad``.
 """
 
 from __future__ import annotations
@@ -83,15 +86,15 @@ def binding_rows(b, s, layer, store, what: str, iters: int, timer: C.Timer) -> l
     comp = cc._module(layer.ratio, layer.online, layer.head_dim, f32, b.state.dtype, f32, "none", "auto")
     fused = cc._module(layer.ratio, layer.online, layer.head_dim, f32, b.state.dtype, f32, fmt.name, "auto")
     st = cs.store_module(fmt, f32)
-    freq = b.freq_cis.view(torch.float32)
+    freq = b.freq_cis  # complex64 [T, 32]: the bindings take the table itself
     cache = b.cache(store)
-    # the tensors the API hands the backend (flat state view, plan rows)
+    # the tensors the backend hands the binding (the pool as passed, plan rows)
     c = V.check_compress(b.state, s.inp, b.ape, s.plan, layer.head_dim, layer.ratio, s.out, layer.online)
     calls = [
         ("compress_forward", "binding: tvm-ffi call + launch",
-         lambda: comp.compress(c.state, c.inp, c.ape, c.plan_rows, c.plan_rows, s.out, True)),
+         lambda: comp.compress(c.pool, c.inp, c.ape, c.plan_rows, c.plan_rows, s.out, True)),
         ("compress_and_store", "binding: tvm-ffi call + launch",
-         lambda: fused.compress_store(c.state, c.inp, c.ape, c.plan_rows, c.plan_rows, b.norm_weight, freq, s.out_loc,
+         lambda: fused.compress_store(c.pool, c.inp, c.ape, c.plan_rows, c.plan_rows, b.norm_weight, freq, s.out_loc,
                                       cache, NORM_EPS, store.page_size, True)),
         ("store module page_bytes(64)", "ffi floor: no tensor arguments", lambda: st.page_bytes(64)),
     ]
@@ -113,7 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metadata-only", action="store_true",
                         help="skip the data-dependent checks on CPU too "
                         "(what a CUDA call costs without FLASHCOMPRESS_DEBUG)")
+    parser.add_argument("--grad", action="store_true",
+                        help="call with grad mode enabled (default: under torch.no_grad(), as engines decode)")
     args = parser.parse_args(argv)
+    if not args.grad:
+        torch.set_grad_enabled(False)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA GPU")
     dev = torch.device(args.device)
@@ -123,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.metadata_only:
         V.wants_value_checks = lambda t: False
         V.wants_values = lambda device: False
+        V.checked_by_binding = lambda device: None  # the CUDA path: the binding checks device and contiguity
 
     layer = C.LAYERS[args.layer]
     store = C.STORE_V4_C4 if layer.ratio == 4 and layer.head_dim == 512 else (
@@ -164,7 +172,14 @@ def main(argv: list[str] | None = None) -> int:
         D.ops_backend = lambda device: stub  # the backends do nothing: validation + dispatch remain
         try:
             for (name, check), run, (_, fn) in zip(checks, runs, ops):
-                rows.append([f"{name} {what}", "validation: check_*", f"{per_call_us(check, iters):.1f}", ""])
+                def miss(check=check) -> None:  # every check: the first call with a key (or a key the memo lacks)
+                    V.clear_memo()
+                    check()
+
+                rows.append([f"{name} {what}", "validation: every check (memo miss)", f"{per_call_us(miss, iters):.1f}",
+                             ""])
+                rows.append([f"{name} {what}", "validation: check_*", f"{per_call_us(check, iters):.1f}",
+                             "memo hit" if cuda or args.metadata_only else "cpu: value checks, no memo"])
                 rows.append([f"{name} {what}", "dispatch: run_* (no-op backend)", f"{per_call_us(run, iters):.1f}", ""])
                 rows.append([f"{name} {what}", "stub: validation + dispatch", f"{per_call_us(fn, iters):.1f}", ""])
         finally:

@@ -10,11 +10,12 @@
 // Both names are exported by every variant (one export list per family); the one that does not
 // match the variant raises RuntimeError.
 //
-//   state        [S, width] TState, contiguous (width 4H | 2H | 3H online)
+//   state        [S, width] TState, or its paged view [S / page rows, page rows, width] (page rows:
+//                the ratio; online: 1), contiguous (width 4H | 2H | 3H online)
 //   input        [N, 4H | 2H] TIn;  ape [8 | 128, H] TIn
 //   plan         u8 [rows, 16]; plan_w u8 [rows_w, 8] (online: [rows_w, 16]); decode: ignored
 //   out          [rows, H] TOut
-//   norm_weight  f32 [H]; freq f32 [T, 64]; out_loc i64 [L] (decode: L == rows)
+//   norm_weight  f32 [H]; freq complex64 [T, 32] or f32 [T, 64]; out_loc i64 [L] (decode: L == rows)
 //   kvcache      u8 [pages, page_bytes(page_size)] (bf16: [rows, 1024 * page_size])
 //   state, input, ape, norm_weight, freq and kvcache start 16-byte aligned (rows are read by
 //   16-byte vectors): a torch allocation is; a view at an odd offset raises ValueError.
@@ -49,6 +50,7 @@ struct CompressBinding {
   static constexpr int64_t kInWidth = input_width(kRatio, kHeadDim);
   static constexpr int64_t kStateWidth = state_width(kRatio, kHeadDim, kOnline);
   static constexpr int64_t kApeRows = ape_rows(kRatio);
+  static constexpr int64_t kPageRows = kOnline ? 1 : kRatio;
 
   // The tensors every export takes; returns the launch arguments without the outputs.
   static CompressArgs common(const TensorView& state, const TensorView& input,
@@ -56,7 +58,12 @@ struct CompressBinding {
                              const TensorView& plan_w, bool is_decode) {
     chk::check_device_type(state, "kv_score_buffer", chk::kGpuDeviceType);
     const DLDevice dev = state.device();
-    chk::check_tensor(state, "kv_score_buffer", dl_dtype(kState), {chk::kAnySize, kStateWidth}, dev);
+    // [rows, width] or the paged view [pages, page rows, width] (page rows: ratio; online: 1)
+    if (state.ndim() == 3) {
+      chk::check_tensor(state, "kv_score_buffer", dl_dtype(kState), {chk::kAnySize, kPageRows, kStateWidth}, dev);
+    } else {
+      chk::check_tensor(state, "kv_score_buffer", dl_dtype(kState), {chk::kAnySize, kStateWidth}, dev);
+    }
     chk::check_tensor(input, "kv_score_input", dl_dtype(kIn), {chk::kAnySize, kInWidth}, dev);
     chk::check_tensor(ape, "ape", dl_dtype(kIn), {kApeRows, kHeadDim}, dev);
     // Rows are read (and C4 decode's staged by cp.async) 16 bytes at a time.
@@ -71,7 +78,7 @@ struct CompressBinding {
     a.ape = ape.data_ptr();
     a.plan = static_cast<const uint8_t*>(plan.data_ptr());
     a.rows = plan.size(0);
-    a.state_rows = state.size(0);
+    a.state_rows = state.numel() / kStateWidth;
     a.input_rows = input.size(0);
     a.is_decode = is_decode;
     if (is_decode) {
@@ -118,8 +125,7 @@ struct CompressBinding {
     const DLDevice dev = state.device();
     chk::check_tensor(norm_weight, "norm_weight", chk::kFloat32, {kHeadDim}, dev);
     chk::check_aligned(norm_weight, "norm_weight", 16);
-    chk::check_tensor(freq, "freq_cis", chk::kFloat32, {chk::kAnySize, 64}, dev);
-    chk::check_aligned(freq, "freq_cis", 16);
+    const int64_t freq_rows = chk::check_freq(freq, dev);
     chk::check_out_loc(out_loc, a.rows, is_decode, dev);
     const int32_t page_shift = chk::check_page_size(page_size);
     const int64_t page_bytes = cache_page_bytes(kFmt, page_size);
@@ -128,7 +134,7 @@ struct CompressBinding {
     a.out_loc = static_cast<const int64_t*>(out_loc.data_ptr());
     a.store.norm_weight = static_cast<const float*>(norm_weight.data_ptr());
     a.store.freq = static_cast<const float*>(freq.data_ptr());
-    a.store.freq_rows = freq.size(0);
+    a.store.freq_rows = freq_rows;
     a.store.cache = static_cast<uint8_t*>(kvcache.data_ptr());
     a.store.page_bytes = page_bytes;
     a.store.norm_eps = static_cast<float>(norm_eps);

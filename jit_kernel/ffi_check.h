@@ -195,6 +195,20 @@ inline int32_t check_page_size(int64_t page_size) {
   return shift;
 }
 
+inline constexpr DLDataType kComplex64{kDLComplex, 64, 1};
+
+// freq_cis: the RoPE table, complex64 [T, 32] or its fp32 view [T, 64] (re, im pairs; the same
+// bytes), contiguous, 16-byte aligned, on `device`.  Returns T, the table's rows.
+inline int64_t check_freq(const TensorView& freq, DLDevice device) {
+  if (same_dtype(freq.dtype(), kComplex64)) {
+    check_tensor(freq, "freq_cis", kComplex64, {kAnySize, 32}, device);
+  } else {
+    check_tensor(freq, "freq_cis", kFloat32, {kAnySize, 64}, device);
+  }
+  check_aligned(freq, "freq_cis", 16);
+  return freq.size(0);
+}
+
 // out_loc: int64 [M], contiguous, on `device`; decode: M == rows (one slot per request),
 // prefill: M >= rows (indexed by the plan rows' ragged ids).
 inline void check_out_loc(const TensorView& out_loc, int64_t rows, bool is_decode, DLDevice device) {

@@ -11,7 +11,7 @@
 //     plan     uint8 [N, 16], contiguous, 16-byte aligned (DecodePlan | CompressPlan rows)
 //     weight   [H] dtype kIn, contiguous, aligned like kv (the caller casts it to kv's dtype)
 //     eps      float (crosses as fp32)
-//     freq     fp32 [T, 64], contiguous, 16-byte aligned (view_as_real of the complex table)
+//     freq     complex64 [T, 32] or its fp32 view [T, 64], contiguous, 16-byte aligned
 //     out_loc  int64 [M], contiguous; decode: M == N, prefill: M >= N
 //     kvcache  uint8 [pages, page_bytes(page_size)], contiguous, 16-byte aligned
 //     page_size a power of two in [1, 2^30]; is_decode bool; ratio a power of two in [1, 2^30]
@@ -66,8 +66,7 @@ struct StoreBinding {
     chk::check_aligned(plan, "plan", kCompressPlanBytes);
     chk::check_tensor(weight, "norm_weight", kRowType, {kHeadDim}, dev);
     chk::check_aligned(weight, "norm_weight", kRowAlign);
-    chk::check_tensor(freq, "freq", chk::kFloat32, {chk::kAnySize, 64}, dev);
-    chk::check_aligned(freq, "freq", 16);
+    const int64_t freq_rows = chk::check_freq(freq, dev);
     chk::check_out_loc(out_loc, rows, is_decode, dev);
     const int32_t page_shift = chk::check_page_size(page_size);
     const int64_t page_bytes = cache_page_bytes(kFmt, page_size);
@@ -91,7 +90,7 @@ struct StoreBinding {
       args.store.norm_weight_bf16 = static_cast<const uint16_t*>(weight.data_ptr());
     }
     args.store.freq = static_cast<const float*>(freq.data_ptr());
-    args.store.freq_rows = freq.size(0);
+    args.store.freq_rows = freq_rows;
     args.store.cache = static_cast<uint8_t*>(kvcache.data_ptr());
     args.store.page_bytes = page_bytes;
     args.store.page_shift = page_shift;

@@ -240,7 +240,9 @@ class CompressorPrefillPlan(_PlanBase):
         V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=host_lengths)
         V.check_positions_in_table(seq, req_to_token)
         V.check_distinct_requests(req_pool_indices, seq)
-        if ratio == 4 and not use_req_ring and batch and V.wants_value_checks(seq):
+        # The state locations are values of the world tensors (req_to_token, full_to_state): checked where
+        # those live on the CPU (or in debug mode), whatever device the lengths are on.
+        if ratio == 4 and not use_req_ring and batch and V.wants_value_checks(req_pool_indices):
             # the planner reads positions [prefix - 4, seq) of each request (overlap window included)
             first = (seq - ext - ratio).clamp(min=0)
             count = seq - first

@@ -20,6 +20,10 @@ Three tiers:
     lengths) read tensor *values*.  They always run for CPU tensors (cheap, no
     sync) and for CUDA tensors only when ``FLASHCOMPRESS_DEBUG=1``, because
     reading device values forces a host synchronisation;
+  * steady state: where the binding re-checks dtype / shape / contiguity / device (CUDA
+    tensors outside ``FLASHCOMPRESS_DEBUG=1``), a call whose scalars, plan and tensor data
+    pointers / shapes / dtypes match an earlier checked call is rebuilt from that call's
+    facts without re-checking (``_MEMO``, see "The steady-state memo" below);
   * finite-value checks (``check_finite_reads``: no NaN / inf in the ``kv_score_input``
     rows and no NaN in the state rows a compress call reads) cost a pass over those
     rows, so they run only with ``FLASHCOMPRESS_DEBUG=1``, on every device.
@@ -317,15 +321,14 @@ def check_prefill_lengths(
     if num_q_tokens < batch:  # type: ignore[operator]
         fail("num_q_tokens", f">= batch size {batch}", num_q_tokens)
     if batch and wants_value_checks(extend_lens):
-        bad = (extend_lens <= 0) | (extend_lens > seq_lens)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
-            fail(
-                "extend_lens",
-                "0 < extend_lens[i] <= seq_lens[i] for every request",
-                f"extend_lens[{i}] = {int(extend_lens[i])}, seq_lens[{i}] = {int(seq_lens[i])}",
-            )
-        total = int(extend_lens.sum())
+        # one Python pass over the two lists: cheaper than the four torch ops it replaces up to
+        # thousands of requests (each torch CPU op costs a few µs)
+        ext, seq = extend_lens.tolist(), seq_lens.tolist()
+        for i, (e, s) in enumerate(zip(ext, seq)):
+            if e <= 0 or e > s:
+                fail("extend_lens", "0 < extend_lens[i] <= seq_lens[i] for every request",
+                     f"extend_lens[{i}] = {e}, seq_lens[{i}] = {s}")
+        total = sum(ext)
         if exact_total and total != num_q_tokens:
             fail("num_q_tokens", f"sum(extend_lens) = {total}", num_q_tokens)
         if not exact_total and total > num_q_tokens:  # type: ignore[operator]
@@ -375,19 +378,27 @@ class StoreTail(NamedTuple):
 class CompressCall(NamedTuple):
     """A checked ``compress_forward`` / ``compress_and_store`` call.
 
-    ``state`` is the flat ``[rows, layer.state_width]`` view of the state pool; ``plan_w``
-    is None for a decode plan; ``store`` is set for ``compress_and_store`` only; ``device``
-    is the tensors' ``get_device()`` index (-1: the CPU).
+    ``pool`` is the state pool as the caller passed it (``[rows, W]`` or the paged view
+    ``[pages, page rows, W]``, checked), ``state`` its flat ``[rows, layer.state_width]``
+    view (made on access: the CUDA bindings take the pool itself); ``plan_w`` is None for
+    a decode plan; ``store`` is set for ``compress_and_store`` only; ``device`` is the
+    tensors' ``get_device()`` index (-1: the CPU).
     """
 
     layer: LayerKind
-    state: torch.Tensor
+    pool: torch.Tensor
     inp: torch.Tensor
     ape: torch.Tensor
     plan_rows: torch.Tensor
     plan_w: torch.Tensor | None
     store: StoreTail | None
     device: int
+
+    @property
+    def state(self) -> torch.Tensor:
+        """The flat ``[rows, layer.state_width]`` view of the state pool."""
+        pool = self.pool
+        return pool if pool.dim() == 2 else pool.view(-1, self.layer.state_width)
 
     @property
     def is_decode(self) -> bool:
@@ -416,6 +427,105 @@ StoreArgs = tuple
 
 # (head dim, use_fp4, bf16_store, page_size) -> (format, kvcache row bytes): filled on first use
 _STORE_FORMATS: dict[tuple[object, ...], tuple[CacheFormat, int]] = {}
+
+
+# --------------------------------------------------------------------------
+# The steady-state memo of checked calls
+# --------------------------------------------------------------------------
+#
+# A decode step calls each op with the same persistent buffers (state pool, ape, norm weight,
+# RoPE table, cache) and per-step tensors of the same shapes, usually at the same addresses
+# (the caching allocator hands the same blocks back).  Outside the value-check tier every check
+# of an op depends only on: the scalars (with their types), the plan's class, ratio and kind, and
+# each tensor's data pointer, shape and dtype (plus the strides of ``freq_cis``, the one tensor
+# allowed to be non-contiguous); the device follows from the data pointer (CUDA's unified
+# address space gives every device its own range), and contiguity of the others is the
+# binding's check (``checked_by_binding``: the memo is used only where the binding checks dtype,
+# shape, contiguity, alignment and device again before launching).  The first call with a key
+# runs every check and memoises what they derived (layer kind, device, cache format, norm_eps);
+# a call with a known key is rebuilt from those facts and the current tensors.  A call with an
+# empty tensor (data pointer 0, device unknown) is never memoised; ``requires_grad`` can change
+# on the same tensor, so it is tested on every call made with grad enabled.  The memo holds no
+# tensor and is cleared when it reaches ``MEMO_SIZE`` keys.
+
+MEMO_SIZE = 4096
+_MEMO: dict[tuple[object, ...], tuple[object, ...]] = {}
+
+
+def _remember(key: tuple[object, ...], facts: tuple[object, ...], tensors: tuple[object, ...]) -> None:
+    """Memoise the facts of a fully checked call, unless one of its ``tensors`` is empty."""
+    if any(t is not None and t.data_ptr() == 0 for t in tensors):  # type: ignore[attr-defined]
+        return
+    if len(_MEMO) >= MEMO_SIZE:
+        _MEMO.clear()
+    _MEMO[key] = facts
+
+
+def clear_memo() -> None:
+    """Forget every memoised call (tests; a process never needs it)."""
+    _MEMO.clear()
+
+
+def _needs_grad(*args: object) -> bool:
+    """True when a tensor argument (or a tensor in a store tuple) requires grad."""
+    for a in args:
+        if type(a) is tuple:
+            if any(isinstance(t, torch.Tensor) and t.requires_grad for t in a):
+                return True
+        elif a is not None and a.requires_grad:  # type: ignore[attr-defined]
+            return True
+    return False
+
+
+def _compress_key(buf: object, inp: object, ape: object, plan: object, head_dim: object, ratio: object,
+                  out: object, online: object, store: StoreArgs | None) -> tuple[object, ...] | None:
+    """The memo key of a compress call, or None when it cannot be memoised (a scalar of
+    another type than the checks accept, a plan of another class, a non-tensor argument)."""
+    if not (type(head_dim) is int and type(ratio) is int and type(online) is bool and isinstance(plan, PlanTuple)):
+        return None
+    try:
+        rows = plan[1]
+        key = (type(plan), plan[0], plan.is_online, head_dim, ratio, online,
+               buf.data_ptr(), buf.shape, buf.dtype, inp.data_ptr(), inp.shape, inp.dtype,
+               ape.data_ptr(), ape.shape, ape.dtype, rows.data_ptr(), rows.shape, rows.dtype)
+        if not plan.is_decode:
+            w = plan[2]
+            key += (w.data_ptr(), w.shape, w.dtype)
+        if out is not None:
+            key += (out.data_ptr(), out.shape, out.dtype)  # type: ignore[attr-defined]
+        if store is not None:
+            tail = _tail_key(store)
+            if tail is None:
+                return None
+            key += tail
+    except (AttributeError, IndexError, TypeError, ValueError, RuntimeError):
+        return None  # not tensors (or a store tuple of another length): the checks name the argument
+    return key
+
+
+def _store_key(kv: object, plan: object, store: StoreArgs) -> tuple[object, ...] | None:
+    """The memo key of a ``compress_norm_rope_store`` call, or None (see ``_compress_key``)."""
+    if not isinstance(plan, PlanTuple):
+        return None
+    try:
+        tail = _tail_key(store)
+        if tail is None:
+            return None
+        rows = plan[1]
+        return (type(plan), plan[0], plan.is_online, kv.data_ptr(), kv.shape, kv.dtype,  # type: ignore[attr-defined]
+                rows.data_ptr(), rows.shape, rows.dtype) + tail
+    except (AttributeError, IndexError, TypeError, ValueError, RuntimeError):
+        return None
+
+
+def _tail_key(store: StoreArgs) -> tuple[object, ...] | None:
+    """The memo key part of the store arguments, or None (raises AttributeError for a non-tensor)."""
+    w, eps, freq, loc, cache, page_size, use_fp4, bf16_store = store
+    if not (type(eps) is float and type(page_size) is int and type(use_fp4) is bool and type(bf16_store) is bool):
+        return None
+    return (eps, page_size, use_fp4, bf16_store, w.data_ptr(), w.shape, w.dtype,
+            freq.data_ptr(), freq.shape, freq.stride(), freq.dtype, loc.data_ptr(), loc.shape, loc.dtype,
+            cache.data_ptr(), cache.shape, cache.dtype)
 
 
 def check_plan(plan: object, ratio: int | None) -> PlanTuple:
@@ -456,7 +566,36 @@ def check_compress(
     kv_score_buffer: object, kv_score_input: object, ape: object, plan: object, head_dim: object,
     compress_ratio: object, out: object, is_online: object, *, store: StoreArgs | None = None,
 ) -> CompressCall:
-    """Check a ``compress_forward`` call (``compress_and_store``: with its ``store`` arguments)."""
+    """Check a ``compress_forward`` call (``compress_and_store``: with its ``store`` arguments).
+
+    A call whose key (``_compress_key``) is in the steady-state memo is rebuilt from the
+    memoised facts and checks nothing else; any other call runs every check.
+    """
+    key = _compress_key(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online, store)
+    if key is not None:
+        facts = _MEMO.get(key)
+        if facts is not None and checked_by_binding(facts[1]) is None and not (
+                torch.is_grad_enabled() and _needs_grad(kv_score_buffer, kv_score_input, ape, out, store)):
+            layer, dev, tail_facts = facts
+            plan_w = None if plan.is_decode else plan[2]  # type: ignore[attr-defined]
+            tail = None if store is None else StoreTail(store[0], tail_facts[0], store[2], store[3], store[4],
+                                                        store[5], tail_facts[1])
+            return CompressCall(layer, kv_score_buffer, kv_score_input, ape, plan[1], plan_w, tail, dev)  # type: ignore
+    call = _check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online,
+                           store)
+    if key is not None and checked_by_binding(call.device) is None:
+        st = call.store
+        _remember(key, (call.layer, call.device, None if st is None else (st.norm_eps, st.fmt)),
+                  (call.pool, call.inp, call.ape, call.plan_rows, call.plan_w, out)
+                  + (() if st is None else (st.norm_weight, st.freq_cis, st.out_loc, st.kvcache)))
+    return call
+
+
+def _check_compress(
+    kv_score_buffer: object, kv_score_input: object, ape: object, plan: object, head_dim: object,
+    compress_ratio: object, out: object, is_online: object, store: StoreArgs | None,
+) -> CompressCall:
+    """Every check of a ``compress_forward`` / ``compress_and_store`` call."""
     layer = check_layer(compress_ratio, head_dim, is_online, plan)
     ratio, H, online = layer.ratio, layer.head_dim, layer.online
     plan = check_plan(plan, ratio)
@@ -474,7 +613,6 @@ def check_compress(
         page_rows = 1 if online else ratio
         if shape[1] != page_rows:
             fail("kv_score_buffer", f"paged view [pages, {page_rows}, {width}]", f"shape {tuple(shape)}")
-        buf = buf.view(-1, width)
     dev = buf.get_device()
     chk = checked_by_binding(dev)
     plan_rows = check_plan_tensor("plan[1]", plan[1], PLAN_ROW_BYTES, chk)
@@ -516,7 +654,28 @@ def check_compress(
 
 
 def check_store(kv: object, plan: object, store: StoreArgs) -> StoreCall:
-    """Check a ``compress_norm_rope_store`` call (``store``: the user's store arguments)."""
+    """Check a ``compress_norm_rope_store`` call (``store``: the user's store arguments).
+
+    Memoised like ``check_compress`` (key: ``_store_key``).
+    """
+    key = _store_key(kv, plan, store)
+    if key is not None:
+        facts = _MEMO.get(key)
+        if facts is not None and checked_by_binding(facts[0]) is None and not (
+                torch.is_grad_enabled() and _needs_grad(kv, None, None, None, store)):
+            dev, norm_eps, fmt = facts
+            tail = StoreTail(store[0], norm_eps, store[2], store[3], store[4], store[5], fmt)
+            return StoreCall(kv, plan[1], plan.is_decode, plan[0], tail, dev)  # type: ignore
+    call = _check_store(kv, plan, store)
+    if key is not None and checked_by_binding(call.device) is None:
+        st = call.store
+        _remember(key, (call.device, st.norm_eps, st.fmt), (call.kv, call.plan_rows, st.norm_weight, st.freq_cis,
+                                                            st.out_loc, st.kvcache))
+    return call
+
+
+def _check_store(kv: object, plan: object, store: StoreArgs) -> StoreCall:
+    """Every check of a ``compress_norm_rope_store`` call."""
     plan = check_plan(plan, None)
     grad = torch.is_grad_enabled()
     kv_t = check_tensor("kv", kv, FLOAT_DTYPES, _2D, grad=grad)
@@ -537,7 +696,9 @@ def check_store(kv: object, plan: object, store: StoreArgs) -> StoreCall:
 def store_format(head_dim: int, use_fp4: object, bf16_store: object, page_size: object) -> tuple[CacheFormat, int]:
     """``(format, kvcache row bytes)`` of a store: checked once per key, then one dict lookup."""
     key = (head_dim, use_fp4, bf16_store, page_size)
-    hit = _STORE_FORMATS.get(key) if type(page_size) is int else None
+    # 0 == False and 64.0 == 64 hash alike: only arguments of the checked types may hit
+    typed = type(page_size) is int and type(use_fp4) is bool and type(bf16_store) is bool
+    hit = _STORE_FORMATS.get(key) if typed else None
     if hit is not None:
         return hit
     if type(use_fp4) is not bool:  # bool cannot be subclassed: same as isinstance
@@ -553,8 +714,7 @@ def store_format(head_dim: int, use_fp4: object, bf16_store: object, page_size: 
         fail("page_size", "a power of two", page_size)
     fmt = select_cache_format(head_dim, use_fp4, bf16_store)
     hit = fmt, fmt.cache_row_bytes(page_size)  # type: ignore[arg-type]
-    if type(page_size) is int:
-        _STORE_FORMATS[key] = hit
+    _STORE_FORMATS[key] = hit  # every argument passed its type check above
     return hit
 
 

@@ -152,25 +152,29 @@ def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: to
 
 
 def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str = "auto") -> None:
-    """Pool windows into ``out`` and update the state pool (decode: ``call.plan_w`` is None)."""
-    layer, state, inp, ape, plan_rows, plan_w = call.layer, call.state, call.inp, call.ape, call.plan_rows, call.plan_w
+    """Pool windows into ``out`` and update the state pool (decode: ``call.plan_w`` is None).
+
+    The binding takes the pool as passed (flat or paged view: no view made here)."""
+    layer, pool, inp, ape, plan_rows, plan_w = call.layer, call.pool, call.inp, call.ape, call.plan_rows, call.plan_w
     in_dtype = inp.dtype
     if ape.dtype is not in_dtype:
         ape = ape.to(in_dtype)
-    memo = (layer.ratio, layer.online, layer.head_dim, in_dtype, state.dtype, out.dtype, "none", tiling)
+    memo = (layer.ratio, layer.online, layer.head_dim, in_dtype, pool.dtype, out.dtype, "none", tiling)
     module = _MODULES.get(memo)
     if module is None:
         module = _module(*memo)
-    is_decode = plan_w is None
-    module.compress(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, out, is_decode)
+    if plan_w is None:
+        module.compress(pool, inp, ape, plan_rows, plan_rows, out, True)
+    else:
+        module.compress(pool, inp, ape, plan_rows, plan_w, out, False)
 
 
 def compress_and_store(call: CompressCall, tiling: str = "auto") -> None:
     """Pool windows, update the state pool and store each compressed row into ``kvcache``: the
     compress kernel with the store epilogue (decode: one launch; prefill: the pooling pass, which
     stores, then the state write pass)."""
-    layer, state, inp, ape, plan_rows, plan_w, st = (call.layer, call.state, call.inp, call.ape, call.plan_rows,
-                                                     call.plan_w, call.store)
+    layer, pool, inp, ape, plan_rows, plan_w, st = (call.layer, call.pool, call.inp, call.ape, call.plan_rows,
+                                                    call.plan_w, call.store)
     in_dtype = inp.dtype
     if ape.dtype is not in_dtype:
         ape = ape.to(in_dtype)
@@ -179,10 +183,10 @@ def compress_and_store(call: CompressCall, tiling: str = "auto") -> None:
         norm_weight = norm_weight.to(in_dtype)
     if in_dtype is not torch.float32:  # the kernel reads an fp32 weight
         norm_weight = norm_weight.float()
-    memo = (layer.ratio, layer.online, layer.head_dim, in_dtype, state.dtype, in_dtype, st.fmt.name, tiling)
+    memo = (layer.ratio, layer.online, layer.head_dim, in_dtype, pool.dtype, in_dtype, st.fmt.name, tiling)
     module = _MODULES.get(memo)
     if module is None:
         module = _module(*memo)
     is_decode = plan_w is None
-    module.compress_store(state, inp, ape, plan_rows, plan_rows if is_decode else plan_w, norm_weight,
+    module.compress_store(pool, inp, ape, plan_rows, plan_rows if is_decode else plan_w, norm_weight,
                           freq_table(st.freq_cis), st.out_loc, st.kvcache, st.norm_eps, st.page_size, is_decode)

@@ -119,12 +119,15 @@ def compress_norm_rope_store(call: StoreCall) -> None:
     """RMSNorm + RoPE (+ Hadamard) + quantised store of the plan's stored rows (one launch).
 
     Host work: one memo lookup, a weight cast only when its dtype differs from ``kv``'s
-    (the peer's rounding of the weight), and the real view of ``freq_cis`` (``freq_table``).
+    (the peer's rounding of the weight), and ``freq_table`` (no view for a contiguous table).
     """
     kv, st = call.kv, call.store
     mod = _MODULES.get((st.fmt.name, kv.dtype)) or store_module(st.fmt, kv.dtype)
-    _launch(mod, kv, call.plan_rows, call.is_decode, call.ratio, st.norm_weight, st.norm_eps, st.freq_cis,
-            st.out_loc, st.kvcache, st.page_size)
+    norm_weight = st.norm_weight
+    if norm_weight.dtype is not kv.dtype:
+        norm_weight = norm_weight.to(kv.dtype)
+    mod.forward(kv, call.plan_rows, norm_weight, st.norm_eps, freq_table(st.freq_cis), st.out_loc, st.kvcache,
+                st.page_size, call.is_decode, call.ratio)
 
 
 def _launch(
@@ -138,13 +141,15 @@ def _launch(
 
 
 def freq_table(freq_cis: torch.Tensor) -> torch.Tensor:
-    """``freq_cis`` (complex64 ``[T, 32]``) as the kernels read it: fp32 ``[T, 64]`` (re, im pairs).
+    """``freq_cis`` (complex64 ``[T, 32]``) as the bindings take it: the table itself when it is
+    contiguous (the bindings read complex64 ``[T, 32]`` as its fp32 ``[T, 64]`` bytes), else a
+    contiguous fp32 ``[T, 64]`` copy (re, im pairs).
 
-    A view made on every call (about a microsecond), not memoised: a memo would keep the table
-    alive, and under ``torch.compile(mode="reduce-overhead")`` that table can live in the CUDA
-    graph pool, which CUDA-graph trees then refuse ("tensor(s) in the cudagraph pool not tracked
-    as outputs"; seen on the H200, 2026-12-02).
+    Nothing is memoised: a memo would keep the table alive, and under
+    ``torch.compile(mode="reduce-overhead")`` that table can live in the CUDA graph pool, which
+    CUDA-graph trees then refuse ("tensor(s) in the cudagraph pool not tracked as outputs";
+    seen on the H200, 2026-12-02).
     """
     if freq_cis.is_contiguous():
-        return freq_cis.view(torch.float32)  # [T, 32] complex64 -> [T, 64] fp32, no copy
+        return freq_cis  # no view: a torch view costs about a microsecond per call
     return torch.view_as_real(freq_cis).flatten(-2).contiguous()
