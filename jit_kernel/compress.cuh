@@ -60,12 +60,14 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kT
     using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kDecode>;
     if constexpr (kRatio == 4) {
       return launch_decode_c4<C>(a, stream);
-    } else if constexpr (kC128Burst<C>) {
-      // C128 (clusters available): one block per (request, 64-channel slice), no team walk.
-      return launch_decode_c128<C>(a, stream);
     } else {
-      // Online C128 and the whole-row tiling: as many requests per team as make the grid one
-      // wave of resident blocks (a request that closes no window costs only its row copy).
+      // C128 (clusters available), small batches: one block per (request, 64-channel slice).
+      // Larger batches, online C128 and the whole-row tiling: teams that walk as many requests as
+      // make the grid one wave of resident blocks; most requests close no window and cost only
+      // their row copy, which the per-slice grid pays with a whole block each.
+      if constexpr (kC128Burst<C>) {
+        if (a.rows <= kC128BurstMaxRows) return launch_decode_c128<C>(a, stream);
+      }
       constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
       const int64_t resident = KernelOccupancy<decode_kernel<C>>::resident(C::kThreads, kCluster);
       if (resident <= 0) return static_cast<gpuError_t>(-resident);

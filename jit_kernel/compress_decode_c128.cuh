@@ -42,6 +42,11 @@ namespace compress {
 template <class C>
 inline constexpr bool kC128Burst = C::kDecode && C::kRatio == 128 && !C::kOnline && !C::kWholeRow;
 
+// Largest decode batch that takes the per-slice grid (B x 8 blocks of 512 threads). Measured on
+// the H200 (benchmarks/RESULTS.md): faster than the team walk at B <= 128 (rand and all-boundary),
+// slower at B = 512 rand (4096 blocks that mostly only copy a row).
+inline constexpr int64_t kC128BurstMaxRows = 128;
+
 template <class C>
 struct C128Decode {
   static constexpr int kThreads = 512;

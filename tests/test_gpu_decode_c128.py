@@ -90,4 +90,5 @@ def test_c128_fused_decode_equals_two_step(B: int, closing: str, in_dtype: torch
     assert torch.equal(f_state, two_state), f"{what}: state"
     diff = (f_cache != two_cache).nonzero()
     assert diff.numel() == 0, f"{what}: {diff.shape[0]} cache bytes differ, first at {diff[0].tolist()}"
-    assert not torch.equal(f_cache, cache0), f"{what}: nothing stored"
+    if bool((seq % 128 == 0).any()):
+        assert not torch.equal(f_cache, cache0), f"{what}: nothing stored"
