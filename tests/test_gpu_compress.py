@@ -141,7 +141,7 @@ class Tee:
         kout = out if out.dtype == inp.dtype or self.in_dtype is None else torch.empty_like(out, dtype=inp.dtype)
         before = state.clone()
         ref_state, ref_out = state.clone(), torch.full_like(kout, float("nan"))
-        torch_ops.compress_forward(call._replace(state=ref_state), ref_out)
+        torch_ops.compress_forward(call._replace(pool=ref_state), ref_out)
         kout.fill_(float("nan"))
         self.kernel.compress_forward(call, kout, tiling=self.tiling)
         what = f"compress_forward call {self.calls['compress_forward']} ({'decode' if plan_w is None else 'prefill'})"
@@ -165,7 +165,7 @@ class Tee:
         ref_state, ref_cache = state.clone(), st.kvcache.clone()
         # the two-step GPU path on clones
         kv = torch.full((plan_rows.shape[0], call.layer.head_dim), float("nan"), dtype=inp.dtype, device=inp.device)
-        self.kernel.compress_forward(call._replace(state=ref_state, store=None), kv, tiling=self.tiling)
+        self.kernel.compress_forward(call._replace(pool=ref_state, store=None), kv, tiling=self.tiling)
         if plan_rows.shape[0]:
             self.kernel.compress_norm_rope_store(V.StoreCall(kv, plan_rows, call.is_decode, call.layer.ratio,
                                                              st._replace(kvcache=ref_cache), call.device))
