@@ -5,6 +5,7 @@
 //   launch_min_blocks(s, c, t)   __launch_bounds__' second argument for blocks of t threads:
 //                                s resident per SM on CUDA, c per CU on HIP (as waves per SIMD)
 //   shfl_xor(v, mask, width)     butterfly exchange within aligned groups of `width` <= 32 lanes
+//   shfl_idx(v, src, width)      lane `src` of the caller's aligned group of `width` <= 32 lanes
 //   lane32_sync()                orders shared-memory accesses of one aligned 32-lane group
 //                                (a warp on CUDA, half a wave64 or a wave32 on HIP)
 //   fast_exp(x)                  exp(x) by the target's approximate exponential
@@ -38,6 +39,15 @@ __device__ __forceinline__ T shfl_xor(T v, int mask, int width) {
   return __shfl_xor(v, mask, width);
 #else
   return __shfl_xor_sync(0xffffffffu, v, mask, width);
+#endif
+}
+
+template <class T>
+__device__ __forceinline__ T shfl_idx(T v, int src, int width) {
+#if FC_GPU_HIP
+  return __shfl(v, src, width);
+#else
+  return __shfl_sync(0xffffffffu, v, src, width);
 #endif
 }
 

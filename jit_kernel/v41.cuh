@@ -73,14 +73,6 @@ struct LayoutTraits {
 
 // ------------------------------------------------------------------ small helpers
 
-__device__ __forceinline__ float shfl_idx(float v, int src, int width) { return __shfl_sync(0xffffffffu, v, src, width); }
-__device__ __forceinline__ uint32_t shfl_idx_u(uint32_t v, int src, int width) {
-  return __shfl_sync(0xffffffffu, v, src, width);
-}
-__device__ __forceinline__ uint32_t shfl_xor_u(uint32_t v, int mask, int width) {
-  return __shfl_xor_sync(0xffffffffu, v, mask, width);
-}
-
 __device__ __forceinline__ int64_t load_index(const void* p, bool i64, int64_t i) {
   return i64 ? static_cast<const int64_t*>(p)[i] : static_cast<int64_t>(static_cast<const int32_t*>(p)[i]);
 }
@@ -234,8 +226,8 @@ __device__ __forceinline__ void encode_store(float (&u)[2][8], const Slot& slot,
       for (int j = 0; j < 8; ++j) word |= v41q::e2m1_rne(__fdiv_rn(u[h][j], s)) << (4 * j);
       *reinterpret_cast<uint32_t*>(slot.data + 128 * h + 4 * lane) = word;
       // block 16 h + lane / 2; lanes 8 g gather the four blocks of their 8-lane group
-      const uint32_t c2 = shfl_idx_u(code, (lane + 2) & 31, 32), c4 = shfl_idx_u(code, (lane + 4) & 31, 32),
-                     c6 = shfl_idx_u(code, (lane + 6) & 31, 32);
+      const uint32_t c2 = shfl_idx(code, (lane + 2) & 31, 32), c4 = shfl_idx(code, (lane + 4) & 31, 32),
+                     c6 = shfl_idx(code, (lane + 6) & 31, 32);
       if ((lane & 7) == 0) {
         *reinterpret_cast<uint32_t*>(slot.scales + 16 * h + lane / 2) = code | (c2 << 8) | (c4 << 16) | (c6 << 24);
       }
@@ -251,8 +243,8 @@ __device__ __forceinline__ void encode_store(float (&u)[2][8], const Slot& slot,
         const uint32_t ue = static_cast<uint32_t>(e);
         *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u[h], quant::inv_ue8m0(ue));
         // tile 8 h + lane / 4; lanes 16 g gather four tiles
-        const uint32_t e4 = shfl_idx_u(ue, (lane + 4) & 31, 32), e8 = shfl_idx_u(ue, (lane + 8) & 31, 32),
-                       e12 = shfl_idx_u(ue, (lane + 12) & 31, 32);
+        const uint32_t e4 = shfl_idx(ue, (lane + 4) & 31, 32), e8 = shfl_idx(ue, (lane + 8) & 31, 32),
+                       e12 = shfl_idx(ue, (lane + 12) & 31, 32);
         if ((lane & 15) == 0) {
           *reinterpret_cast<uint32_t*>(slot.scales + 8 * h + lane / 4) = ue | (e4 << 8) | (e8 << 16) | (e12 << 24);
         }
@@ -462,7 +454,7 @@ __global__ void __launch_bounds__(kThreads) index_k_kernel(const V41Args a) {
     c = c == 8u ? 0u : c;
     word |= c << (4 * j);
   }
-  const uint32_t g1 = shfl_idx_u(e2, 4, 16), g2 = shfl_idx_u(e2, 8, 16), g3 = shfl_idx_u(e2, 12, 16);
+  const uint32_t g1 = shfl_idx(e2, 4, 16), g2 = shfl_idx(e2, 8, 16), g3 = shfl_idx(e2, 12, 16);
   if (!in_range || loc <= 0) return;
   const Slot slot = slot_at(a.paging, loc);
   *reinterpret_cast<uint32_t*>(slot.data + 4 * m) = word;
