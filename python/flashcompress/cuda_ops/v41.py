@@ -41,18 +41,21 @@ def _validate(params: Mapping[str, Any]) -> None:
 
 # Compressed-pool layout of the ratio-1/2 source layers per target (spec v41.md §7.4, §10):
 # an SM100-class GPU (capability major 10) runs the V4.1 main layouts, whose low-ratio pools are
-# V41_FP4 (V41 main) or V41_FP4_NEW (V41_NEW main); everything else (Hopper, SM 12x, HIP) V4.
+# V41_FP4 (V41 main) or V41_FP4_NEW (V41_NEW main); other CUDA GPUs (Hopper, SM 12x) V4.
+# The family has no HIP build, so a HIP target gets no layout (no preset).
 SM100_LAYOUTS = ("v41_fp4", "v41_fp4_new")
 DEFAULT_LAYOUTS = ("v4",)
 
 
 def preset_layouts(target: str | None) -> tuple[str, ...]:
-    """The cache layouts a V4.1 deployment on ``target`` stores (None: those of every target)."""
+    """The cache layouts a V4.1 deployment on ``target`` stores (None: those of every CUDA target)."""
     if target is None:
         return DEFAULT_LAYOUTS + SM100_LAYOUTS
     from ..jit.variant import normalize_target
 
     arch = normalize_target(target)
+    if not arch.startswith("cuda:"):
+        return ()
     return SM100_LAYOUTS if arch.startswith("cuda:10.") else DEFAULT_LAYOUTS
 
 
@@ -62,10 +65,11 @@ def _presets(model: str, target: str | None = None) -> list[dict[str, Any]]:
     from ..jit.models import model_config
 
     ratios = model_config(model).low_ratios
-    if not ratios:
+    layouts = preset_layouts(target)
+    if not ratios or not layouts:
         return []
     ops = (("c1",) if 1 in ratios else ()) + (("c2_decode", "c2_prefill") if 2 in ratios else ())
-    return [{"op": op, "layout": layout} for layout in preset_layouts(target) for op in ops] + \
+    return [{"op": op, "layout": layout} for layout in layouts for op in ops] + \
         [{"op": "index_k", "layout": "none"}]
 
 
