@@ -277,6 +277,14 @@ def test_prewarm_list_and_dry_run_v41_flash(private_env: dict[str, str], capsys:
         assert set(PLAN_FLASH) <= set(out.splitlines())
 
 
+def test_check_offers_only_models_with_v4_layers(private_env: dict[str, str],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """``check`` runs C4 / C128 engine scripts: V4.1-Flash (ratio 1/2 only) would pass 0 checks."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["check", "--device", "cpu", "--model", "deepseek-v4.1-flash"])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,message", [
     ((), "give variant specs"),
     (("nosuchfamily:x=1",), "unknown JIT kernel family"),
