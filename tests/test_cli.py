@@ -23,6 +23,23 @@ from _jit_helpers import readme_settings_block, requires_nvcc, reset_engine
 
 from flashcompress import cli, jit
 from flashcompress.jit import build, cache, engine, family
+from flashcompress.jit.models import MODELS
+
+# Targets whose presets differ (V4.1: V4 layouts on Hopper, V41_FP4 / V41_FP4_NEW on SM100).
+PRESET_TARGETS = (None, "cuda:9.0a", "cuda:10.0a", "cuda:12.0a", "hip:gfx942")
+V41_FLASH_LIST = [
+    "v41(op='c1', layout='v4') @ cuda:9.0a",
+    "v41(op='c2_decode', layout='v4') @ cuda:9.0a",
+    "v41(op='c2_prefill', layout='v4') @ cuda:9.0a",
+    "v41(op='index_k', layout='none') @ cuda:9.0a",
+    "v41(op='c1', layout='v41_fp4') @ cuda:10.0a",
+    "v41(op='c2_decode', layout='v41_fp4') @ cuda:10.0a",
+    "v41(op='c2_prefill', layout='v41_fp4') @ cuda:10.0a",
+    "v41(op='c1', layout='v41_fp4_new') @ cuda:10.0a",
+    "v41(op='c2_decode', layout='v41_fp4_new') @ cuda:10.0a",
+    "v41(op='c2_prefill', layout='v41_fp4_new') @ cuda:10.0a",
+    "v41(op='index_k', layout='none') @ cuda:10.0a",
+]
 
 PLAN_FLASH = [
     "plan(ratio=4, online=False) @ cuda:9.0a",
@@ -65,7 +82,7 @@ class _NoopModule:
         return lambda *args, **kwargs: None
 
 
-@pytest.mark.parametrize("model", ["deepseek-v4-flash", "deepseek-v4-pro"])
+@pytest.mark.parametrize("model", sorted(MODELS))
 def test_prewarm_presets_cover_every_variant_the_cuda_backend_requests(private_env, monkeypatch: pytest.MonkeyPatch,
                                                                        model: str) -> None:
     """Each layer kind of the model, through the CUDA backend's own entry points (decode and
@@ -112,11 +129,95 @@ def test_prewarm_presets_cover_every_variant_the_cuda_backend_requests(private_e
                 store = V.StoreTail(torch.ones(head), 1e-6, freq, torch.zeros(1, dtype=torch.int64), cache, page, fmt)
                 cc.compress_and_store(call._replace(store=store))
                 cs.compress_norm_rope_store(V.StoreCall(out, rows, decode, ratio, store, -1))
-    assert {fam for fam, _ in requested} == {"compress", "store"}
+    assert {fam for fam, _ in requested} == ({"compress", "store"} if cfg.v4_ratios else set())
     presets = {(fam.name, tuple(sorted(p.items()))) for fam in family.discover_families().values()
                for p in fam.preset_params(model)}
     missing = sorted(set(requested) - presets)
     assert not missing, f"prewarm --model {model} leaves out variants the CUDA backend loads: {missing}"
+    _check_v41_presets_cover_the_cuda_backend(model, requested)
+
+
+def _check_v41_presets_cover_the_cuda_backend(model: str, requested: list[tuple[str, tuple]]) -> None:
+    """The V4.1 ops of a model's ratio-1/2 layers (c1, c2 decode/verify/prefill, index-K), in the
+    layouts of each target, request only variants of that target's preset."""
+    import torch
+
+    from flashcompress.cuda_ops import v41 as cv
+    from flashcompress.jit.models import model_config
+    from flashcompress.v41.layouts import KVLayout
+
+    ratios = model_config(model).low_ratios
+    for target in ("cuda:9.0a", "cuda:10.0a"):
+        requested.clear()
+        jit.clear_memo()
+        bf, f32, i64, i32 = torch.bfloat16, torch.float32, torch.int64, torch.int32
+        row, weight, out = torch.zeros((1, 512), dtype=bf), torch.ones(512, dtype=bf), torch.zeros((1, 512), dtype=bf)
+        freqs, pos, loc = torch.zeros((1, 64), dtype=f32), torch.zeros(1, dtype=i64), torch.zeros(1, dtype=i64)
+        for layout in map(KVLayout, cv.preset_layouts(target)):
+            cache = torch.zeros((1, layout.page_bytes(1)), dtype=torch.uint8)
+            kv, state = torch.zeros((1, 1024), dtype=f32), torch.zeros((2, 1024), dtype=f32)
+            if 1 in ratios:
+                cv.c1_decode(row, weight, pos, loc, 1e-20, freqs, cache, page_size=1, layout=layout, out=out)
+            if 2 in ratios:
+                cv.c2_decode(kv, state, weight, pos, loc, loc, 1e-20, freqs, cache, page_size=1, ring_size=2,
+                             draft_len=1, layout=layout, out=out)
+                start = torch.zeros(1, dtype=i32)
+                cv.c2_prefill(kv, state, weight, pos, loc, loc, 1e-20, freqs, cache, start, start, page_size=1,
+                              ring_size=2, layout=layout, out=out)
+        if ratios:
+            cv.index_k(torch.zeros((1, 128), dtype=bf), torch.ones(128, dtype=bf), 1e-20, freqs, pos, loc,
+                       torch.zeros((1, 68), dtype=torch.uint8), ratio=max(ratios))
+        assert bool(requested) == bool(ratios)
+        presets = {("v41", tuple(sorted(p.items()))) for p in family.get_family("v41").preset_params(model, target)}
+        missing = sorted(set(requested) - presets)
+        assert not missing, f"prewarm --model {model} on {target} leaves out V4.1 variants: {missing}"
+
+
+@pytest.mark.parametrize("target", PRESET_TARGETS)
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_every_preset_names_a_variant_of_its_family(model: str, target: str | None) -> None:
+    """A preset entry is one point of its family's declared space (all params set, valid), for
+    every model and target: a family asked for a ratio it has no kernel of fails here."""
+    for fam in family.discover_families().values():
+        entries = fam.preset_params(model, target)
+        if fam.space is None:
+            assert entries == [], f"{fam.name}: a family without a space has no presets"
+            continue
+        space = {tuple(sorted(p.items())) for p in fam.expand()}
+        for entry in entries:
+            assert tuple(sorted(entry.items())) in space, f"{fam.name} preset for {model} @ {target}: {entry}"
+        assert len({tuple(sorted(e.items())) for e in entries}) == len(entries), f"{fam.name}: duplicate presets"
+
+
+def test_a_preset_outside_the_family_space_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check the test above relies on: a plan variant of ratio 2 (none exists) raises."""
+    import dataclasses
+
+    plan = family.get_family("plan")
+    bad = dataclasses.replace(plan, presets=lambda model: [{"ratio": 2, "online": False}])
+    with pytest.raises(ValueError, match="ratio"):
+        bad.preset_params("deepseek-v4.1-flash")
+
+
+def test_v41_flash_presets_per_family_and_target() -> None:
+    """V4.1-Flash has only ratio-1/2 layers: no V4 family is asked for anything; the v41 family
+    gives V4 layouts on Hopper / SM 12x and V41_FP4 / V41_FP4_NEW on SM100 (nothing on HIP)."""
+    from flashcompress.jit.models import ModelConfig, model_config
+
+    cfg = model_config("deepseek-v4.1-flash")
+    assert (cfg.v4_ratios, sorted(cfg.low_ratios), cfg.kv_source_layers) == ((), [1, 2], (2, 8, 14, 20))
+    for fam in family.discover_families().values():
+        if fam.name != "v41":
+            assert fam.preset_params("deepseek-v4.1-flash", "cuda:9.0a") == [], fam.name
+    v41 = family.get_family("v41")
+    layouts = {t: {p["layout"] for p in v41.preset_params("deepseek-v4.1-flash", t)} for t in PRESET_TARGETS}
+    assert layouts == {None: {"v4", "v41_fp4", "v41_fp4_new", "none"}, "cuda:9.0a": {"v4", "none"},
+                       "cuda:10.0a": {"v41_fp4", "v41_fp4_new", "none"}, "cuda:12.0a": {"v4", "none"},
+                       "hip:gfx942": set()}  # no HIP build of the v41 family
+    for model in ("deepseek-v4-flash", "deepseek-v4-pro"):
+        assert v41.preset_params(model, "cuda:10.0a") == []
+    with pytest.raises(ValueError, match="compress ratios"):
+        ModelConfig("bad", compress_ratios=(3,))
 
 
 @requires_nvcc
@@ -153,6 +254,35 @@ def test_prewarm_list_model_and_all(private_env: dict[str, str], capsys: pytest.
         assert out.splitlines()[:-1] == [
             "plan(ratio=128, online=False) @ cuda:9.0a", "plan(ratio=128, online=True) @ cuda:9.0a",
             "plan(ratio=128, online=False) @ cuda:10.0a", "plan(ratio=128, online=True) @ cuda:10.0a"]
+
+
+def test_prewarm_list_and_dry_run_v41_flash(private_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli("prewarm", "--list", "--model", "deepseek-v4.1-flash", "--arch", "9.0a", "--arch",
+                             "10.0a", capsys=capsys)
+    assert code == 0, err
+    assert out.splitlines() == V41_FLASH_LIST + [f"{len(V41_FLASH_LIST)} variant(s)"]
+    code, out, err = run_cli("prewarm", "--dry-run", "--model", "deepseek-v4.1-flash", "--arch", "9.0a",
+                             capsys=capsys)
+    assert code == 0, err
+    rows = [line for line in out.splitlines() if " @ " in line]
+    assert [r.split("  ")[0].strip() for r in rows] == V41_FLASH_LIST[:4]
+    assert "4 variant(s); nothing compiled (dry run)" in out
+    root = Path(private_env["FLASHCOMPRESS_CACHE_DIR"])
+    assert not list(root.glob("*/*/*/*/*/variant.json")), "a dry run must not build"
+    # Both models in one prewarm: the union, V4 families for V4-Flash only.
+    code, out, _ = run_cli("prewarm", "--list", "--model", "deepseek-v4.1-flash", "--model", "deepseek-v4-flash",
+                           "--arch", "9.0a", capsys=capsys)
+    assert code == 0 and set(V41_FLASH_LIST[:4]) <= set(out.splitlines())
+    if "plan" in family.families():
+        assert set(PLAN_FLASH) <= set(out.splitlines())
+
+
+def test_check_offers_only_models_with_v4_layers(private_env: dict[str, str],
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """``check`` runs C4 / C128 engine scripts: V4.1-Flash (ratio 1/2 only) would pass 0 checks."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["check", "--device", "cpu", "--model", "deepseek-v4.1-flash"])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,message", [

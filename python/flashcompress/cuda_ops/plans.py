@@ -88,7 +88,8 @@ def _validate(params: Mapping[str, Any]) -> None:
 
 
 def _presets(model: str) -> list[dict[str, Any]]:
-    ratios = model_config(model).compress_ratios
+    """One plan variant per C4 / C128 ratio of the model (V4.1's ratio-1/2 layers run no plan)."""
+    ratios = model_config(model).v4_ratios
     variants: list[dict[str, Any]] = [{"ratio": r, "online": False} for r in ratios]
     if 128 in ratios:
         variants.append({"ratio": 128, "online": True})

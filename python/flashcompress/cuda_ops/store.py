@@ -57,12 +57,10 @@ def _presets(model: str) -> list[dict[str, Any]]:
     """What a DeepSeek-V4 deployment stores: fp32 rows into the V4 main cache and both indexer caches."""
     from ..jit.models import model_config
 
-    model_config(model)  # unknown names raise here
-    return [
-        {"head_dim": 512, "fmt": "v4", "dtype": "f32"},
-        {"head_dim": 128, "fmt": "idx_fp8", "dtype": "f32"},
-        {"head_dim": 128, "fmt": "idx_fp4", "dtype": "f32"},
-    ]
+    ratios = model_config(model).v4_ratios  # V4.1's ratio-1/2 layers store through the v41 family
+    main = [{"head_dim": 512, "fmt": "v4", "dtype": "f32"}] if ratios else []
+    indexer = [{"head_dim": 128, "fmt": fmt, "dtype": "f32"} for fmt in ("idx_fp8", "idx_fp4")] if 4 in ratios else []
+    return main + indexer
 
 
 def _warmup(key: "VariantKey") -> None:

@@ -39,14 +39,37 @@ def _validate(params: Mapping[str, Any]) -> None:
                          f"layout={layout!r}")
 
 
-def _presets(model: str) -> list[dict[str, Any]]:
-    """DeepSeek-V4.1 on an H200 (every compressed pool V4, spec §7.4) plus the V41_FP4 default of SM100."""
+# Compressed-pool layout of the ratio-1/2 source layers per target (spec v41.md §7.4, §10):
+# an SM100-class GPU (capability major 10) runs the V4.1 main layouts, whose low-ratio pools are
+# V41_FP4 (V41 main) or V41_FP4_NEW (V41_NEW main); other CUDA GPUs (Hopper, SM 12x) V4.
+# The family has no HIP build, so a HIP target gets no layout (no preset).
+SM100_LAYOUTS = ("v41_fp4", "v41_fp4_new")
+DEFAULT_LAYOUTS = ("v4",)
+
+
+def preset_layouts(target: str | None) -> tuple[str, ...]:
+    """The cache layouts a V4.1 deployment on ``target`` stores (None: those of every CUDA target)."""
+    if target is None:
+        return DEFAULT_LAYOUTS + SM100_LAYOUTS
+    from ..jit.variant import normalize_target
+
+    arch = normalize_target(target)
+    if not arch.startswith("cuda:"):
+        return ()
+    return SM100_LAYOUTS if arch.startswith("cuda:10.") else DEFAULT_LAYOUTS
+
+
+def _presets(model: str, target: str | None = None) -> list[dict[str, Any]]:
+    """What a model's ratio-1/2 source layers run on ``target``: c1 (ratio 1), c2 decode/verify and
+    prefill (ratio 2) in the target's layouts, and the index-K store (page size, ratio: runtime)."""
     from ..jit.models import model_config
 
-    cfg = model_config(model)
-    if not {1, 2} & set(cfg.compress_ratios):
+    ratios = model_config(model).low_ratios
+    layouts = preset_layouts(target)
+    if not ratios or not layouts:
         return []
-    return [{"op": op, "layout": layout} for layout in ("v4", "v41_fp4") for op in OPS[:3]] + \
+    ops = (("c1",) if 1 in ratios else ()) + (("c2_decode", "c2_prefill") if 2 in ratios else ())
+    return [{"op": op, "layout": layout} for layout in layouts for op in ops] + \
         [{"op": "index_k", "layout": "none"}]
 
 

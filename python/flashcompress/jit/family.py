@@ -26,6 +26,7 @@ part of ``prewarm --all``.
 from __future__ import annotations
 
 import importlib
+import inspect
 import itertools
 import pkgutil
 import re
@@ -40,7 +41,10 @@ from .variant import ParamValue, VariantKey, detect_target, host_target, normali
 __all__ = ["Family", "discover_families", "families", "get_family", "make_key", "module_memo", "parse_spec",
            "register_family"]
 
-Presets = Union[Mapping[str, Sequence[Mapping[str, ParamValue]]], Callable[[str], Iterable[Mapping[str, ParamValue]]]]
+# A mapping model -> variants, or a callable ``presets(model)`` / ``presets(model, target)``; the
+# two-argument form is for families whose variants depend on the target (``target`` is a
+# normalised target string, or None for "every target the model may run on").
+Presets = Union[Mapping[str, Sequence[Mapping[str, ParamValue]]], Callable[..., Iterable[Mapping[str, ParamValue]]]]
 
 # Names the renderer adds to every template context; a parameter may not shadow them.
 RESERVED_PARAMS = frozenset({"module_name", "namespace", "target_arch", "backend"})
@@ -166,12 +170,17 @@ class Family:
             raise ValueError(f"{self.name}: no valid variant matches {partial}: {first_error}")
         return result
 
-    def preset_params(self, model: str) -> list[dict[str, ParamValue]]:
-        """The variants ``model`` needs from this family (empty when the family has no preset for it)."""
+    def preset_params(self, model: str, target: str | None = None) -> list[dict[str, ParamValue]]:
+        """The variants ``model`` needs from this family on ``target`` (None: on any target; empty
+        when the family has no preset for it).  Every entry must be a variant of the family."""
         model_config(model)  # unknown names raise, listing the known ones
         if self.presets is None:
             return []
-        entries = self.presets(model) if callable(self.presets) else self.presets.get(model, ())
+        if callable(self.presets):
+            takes_target = len(inspect.signature(self.presets).parameters) >= 2
+            entries = self.presets(model, target) if takes_target else self.presets(model)
+        else:
+            entries = self.presets.get(model, ())
         out = [dict(entry) for entry in entries]
         for params in out:
             self.check_params(params)

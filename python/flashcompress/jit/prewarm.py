@@ -76,23 +76,23 @@ def variant_set(
     ``specs`` are ``family[:name=value,...]``; missing params expand over the family's space.
     """
     targets = prewarm_targets(archs)
-    selected: list[tuple[str, dict]] = []
-    if all_variants or models:
-        families = discover_families()
-        if all_variants:
-            for fam in families.values():
-                if fam.space is None:
-                    continue  # no declared space: nothing to enumerate
-                selected += [(fam.name, p) for p in fam.expand()]
-        for model in models:
-            for fam in families.values():
-                selected += [(fam.name, p) for p in fam.preset_params(model)]
+    families = discover_families() if all_variants or models else {}
+    everything: list[tuple[str, dict]] = []
+    if all_variants:
+        for fam in families.values():
+            if fam.space is None:
+                continue  # no declared space: nothing to enumerate
+            everything += [(fam.name, p) for p in fam.expand()]
+    explicit: list[tuple[str, dict]] = []
     for spec in specs:
         name, partial = parse_spec(spec)
-        selected += [(name, p) for p in get_family(name).expand(partial)]
+        explicit += [(name, p) for p in get_family(name).expand(partial)]
     keys: dict[VariantKey, None] = {}
     for target in targets:
-        for name, params in selected:
+        # Model presets may depend on the target (e.g. the V4.1 cache layouts of Hopper vs SM100).
+        presets = [(fam.name, p) for model in models for fam in families.values()
+                   for p in fam.preset_params(model, target)]
+        for name, params in everything + presets + explicit:
             keys[get_family(name).key(target, **params)] = None
     return list(keys)
 
