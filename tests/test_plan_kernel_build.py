@@ -379,7 +379,7 @@ def test_ptxas_report_prints_every_kernel_of_a_variant() -> None:
                          capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 0, res.stderr
     lines = [line for line in res.stdout.splitlines() if "regs" in line]
-    kernels = [line for line in lines if "store_kernel<128, 2, 0>" in line]
+    kernels = [line for line in lines if "store_kernel<128, 2, 0, " in line]
     assert len(kernels) == 1, res.stdout
     regs = int(kernels[0].split()[0])
     assert 16 <= regs <= 255 and "spill" in kernels[0]
