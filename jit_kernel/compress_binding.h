@@ -66,7 +66,7 @@ struct CompressBinding {
     }
     chk::check_tensor(input, "kv_score_input", dl_dtype(kIn), {chk::kAnySize, kInWidth}, dev);
     chk::check_tensor(ape, "ape", dl_dtype(kIn), {kApeRows, kHeadDim}, dev);
-    // Rows are read (and C4 decode's staged by cp.async) 16 bytes at a time.
+    // Rows and bias rows are read as vectors of up to 16 bytes.
     chk::check_aligned(state, "kv_score_buffer", 16);
     chk::check_aligned(input, "kv_score_input", 16);
     chk::check_aligned(ape, "ape", 16);

@@ -105,14 +105,12 @@ struct Cfg {
   // FC_ONLINE_PREFILL_FAST_EXP is 1 (the peer's choice; an A/B knob until its parity is measured).
   static constexpr bool kFastExp = !kOnline || (!kDecode && FC_ONLINE_PREFILL_FAST_EXP != 0);
   // Decode copies the block's share of every request's input row (kCopyVecs vectors) into the
-  // state: C4 from registers (compress_decode_c4.cuh, which also keeps its bias rows in
-  // registers: nothing is staged, kStageCopy / kStageApe are off), C128 all the team's requests
-  // up front (copy_rows_share). A one-block store stages its weight and RoPE operands
-  // (kStageOps); a cluster block loads its slice's operands in the epilogue.
+  // state: C4 from registers (compress_decode_c4.cuh, which also loads its bias rows straight
+  // into registers), C128 all the team's requests up front (copy_rows_share). A one-block store
+  // stages its weight and RoPE operands in shared memory (kStageOps); a cluster block loads its
+  // slice's operands in the epilogue.
   static constexpr bool kCopyRows = kDecode && !kOnline;
   static constexpr int kCopyVecs = kInWidth / 4 / kCSplit;
-  static constexpr bool kStageCopy = false;
-  static constexpr bool kStageApe = false;
   static constexpr bool kStageOps = kStoreRows && !kCluster;
   // A one-block store of a 512-dim row: warp j stores 128-dim block j when the team has a warp
   // per block (C4 head 512, online decode, whole-row C128); else warp 0 stores the row.

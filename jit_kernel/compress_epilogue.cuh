@@ -137,19 +137,10 @@ __device__ __forceinline__ void store_pooled_row(const RowTarget& t, const Compr
   }
 }
 
-// Row-independent staging, once per kernel: C4 decode's bias rows of the thread's channels (the
-// only ones pool_entries reads), and the store's weight blocks of a one-block store (warp 0 of
-// the team: the lanes that store).
+// Row-independent staging, once per kernel: the weight blocks of a one-block store, by the lanes
+// that store them (sliced store: warp j stages block j; else warp 0 of the team stages all).
 template <class C>
 __device__ __forceinline__ void stage_invariants(const CompressArgs& a, Smem<C>& sm, int team, int u) {
-  using TIn = typename C::TIn;
-  if constexpr (C::kStageApe) {
-    const int c = 4 * (u % C::kVecs);
-#pragma unroll
-    for (int e = 0; e < C::W; ++e) {
-      async_copy<sizeof(Vec<TIn, 4>)>(&sm.ape[team][(e * C::H + c) / 4], static_cast<const TIn*>(a.ape) + e * C::H + c);
-    }
-  }
   if constexpr (C::kSlicedStore) {
     if (u < 32 * C::kStoreWarps) store::stage_weight(a.store, u / 32, u / 32, u % 32, sm.ops[team]);
   } else if constexpr (C::kStageOps) {

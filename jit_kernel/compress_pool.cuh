@@ -280,9 +280,7 @@ struct Smem {
   // every block's copy (slot [row parity][rank]; two slots, each with its barrier sum_bar).
   double ss[C::kCluster ? 2 : 1][C::kCluster ? C::kCSplit : 1];
   uint64_t sum_bar[C::kCluster ? 2 : 1];  // cluster store: the arrivals of every block's partial sum (slot parity)
-  // Staged by async copies (Cfg): the copy share, C4 decode's bias rows, the store operands.
-  Vec<typename C::TIn, 4> copy[C::kTeams][C::kStageCopy ? C::kCopyVecs : 1];
-  Vec<typename C::TIn, 4> ape[C::kTeams][C::kStageApe ? C::W * C::H / 4 : 1];
+  // One-block store: the weight / RoPE operands, staged by async copies (kStageOps).
   store::StagedOperands<C::kStageOps ? C::H / 128 : 1> ops[C::kStageOps ? C::kTeams : 1];
   double part[C::kStoreWarps];  // sliced store: each warp's sum of squares
 };
@@ -296,16 +294,10 @@ __device__ __forceinline__ void team_sync() {
   }
 }
 
-// The bias rows pool_entries reads: staged in shared memory (C4 decode) or global.
+// The bias rows pool_entries reads (global memory).
 template <class C>
-__device__ __forceinline__ const typename C::TIn* ape_of(const CompressArgs& a, const Smem<C>& sm, int team) {
-  if constexpr (C::kStageApe) {
-    return reinterpret_cast<const typename C::TIn*>(&sm.ape[team][0]);
-  } else {
-    (void)sm;
-    (void)team;
-    return static_cast<const typename C::TIn*>(a.ape);
-  }
+__device__ __forceinline__ const typename C::TIn* bias_rows(const CompressArgs& a) {
+  return static_cast<const typename C::TIn*>(a.ape);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -422,7 +414,7 @@ __device__ void pool_row(const Window& w, const RowTarget& t, const CompressArgs
   using TState = typename C::TState;
   const auto* state = static_cast<const TState*>(a.state);
   const auto* input = static_cast<const TIn*>(a.input);
-  const TIn* ape = ape_of<C>(a, sm, team);
+  const TIn* ape = bias_rows<C>(a);
   const int chan0 = rank * C::kChans;
   float* row = C::kStoreRows ? &sm.row[team][0] : nullptr;
 
