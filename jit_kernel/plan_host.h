@@ -162,6 +162,104 @@ inline Counts online_stage0(const Lengths& len, CompressPlan* plan_c, CompressPl
   return {out_c - plan_c, out_w - plan_w};
 }
 
+// ----------------------------------------------------------------------------- stage 1
+// The bytes of torch_backend.plans.prefill_stage1 / online_prefill_stage1 for host tensors, in
+// place. Every row is visited; sentinel rows (seq_len / ragged word 0xFFFFFFFF) stay as they
+// are, and so do regular compress rows with buffer_len 0 (they read no state).
+//
+// State rows (spec §2.3): request ring rid * ring + p % ring; paged SWA
+// swa = full_to_state[req_to_token[rid, p]], row = (swa / page) * ring + swa % ring, with C
+// (truncating) division as in the reference; i32 fields take the low 32 bits.
+
+// The tables stage 1 reads (host memory, contiguous).
+struct World {
+  const int64_t* rids;          // [batch]
+  int64_t batch;
+  const int32_t* req_to_token;  // [slots, max_ctx]
+  int64_t slots, max_ctx;
+  const int64_t* full_to_state;  // [full_len]
+  int64_t full_len;
+  int64_t swa_page_size, ring_size;
+  bool req_ring;
+};
+
+// The first lookup stage 1 could not make (memory safety; the API's checks rule these out).
+struct Fault {
+  enum Kind { kNone, kBatch, kSlot, kPosition, kFullLoc } kind = kNone;
+  int64_t row = -1;    // plan row
+  int64_t value = 0;   // the offending batch index / slot / position / full loc
+};
+
+// State row of (batch index b, position p), or a fault in `fault` (then the result is 0).
+inline int64_t state_row(const World& w, int64_t b, int64_t p, int64_t plan_row, Fault& fault) {
+  if (b < 0 || b >= w.batch) {
+    fault = {Fault::kBatch, plan_row, b};
+    return 0;
+  }
+  const int64_t rid = w.rids[b];
+  if (w.req_ring) return rid * w.ring_size + p % w.ring_size;
+  if (rid < 0 || rid >= w.slots) {
+    fault = {Fault::kSlot, plan_row, rid};
+    return 0;
+  }
+  if (p < 0 || p >= w.max_ctx) {
+    fault = {Fault::kPosition, plan_row, p};
+    return 0;
+  }
+  const int64_t full = w.req_to_token[rid * w.max_ctx + p];
+  if (full < 0 || full >= w.full_len) {
+    fault = {Fault::kFullLoc, plan_row, full};
+    return 0;
+  }
+  const int64_t swa = w.full_to_state[full];
+  return swa / w.swa_page_size * w.ring_size + swa % w.ring_size;
+}
+
+// Regular stage 1 over `rows_c` compress rows and `rows_w` write rows; stops at the first fault.
+template <int64_t kRatio>
+Fault regular_stage1(const World& w, CompressPlan* plan_c, int64_t rows_c, WritePlan* plan_w,
+                     int64_t rows_w) {
+  Fault fault;
+  for (int64_t i = 0; i < rows_c; ++i) {
+    CompressPlan& row = plan_c[i];
+    if (row.seq_len == 0xFFFFFFFFu || row.buffer_len == 0) continue;
+    const int64_t b = row.read_page_1;
+    const int64_t p1 = static_cast<int64_t>(row.seq_len) - 1;
+    const int64_t p0 = std::max<int64_t>(p1 - kRatio, 0);
+    const int64_t r0 = state_row(w, b, p0, i, fault);
+    const int64_t r1 = state_row(w, b, p1, i, fault);
+    if (fault.kind != Fault::kNone) return fault;
+    row.read_page_0 = static_cast<int32_t>(r0 / kRatio);
+    row.read_page_1 = static_cast<int32_t>(r1 / kRatio);
+  }
+  for (int64_t i = 0; i < rows_w; ++i) {
+    WritePlan& row = plan_w[i];
+    const uint32_t packed = row.ragged_id;
+    if (packed == 0xFFFFFFFFu) continue;
+    const int64_t p = static_cast<int64_t>(row.write_loc) - 1;
+    const int64_t r = state_row(w, packed >> 16, p, rows_c + i, fault);
+    if (fault.kind != Fault::kNone) return fault;
+    row.ragged_id = packed & 0xFFFFu;
+    row.write_loc = static_cast<int32_t>(r);
+  }
+  return fault;
+}
+
+// Online stage 1 of one list: read_page_0 <- rid + offset (write slot), read_page_1 <- rid.
+inline Fault online_stage1(const int64_t* rids, int64_t batch, int64_t offset, CompressPlan* plan,
+                           int64_t rows) {
+  for (int64_t i = 0; i < rows; ++i) {
+    CompressPlan& row = plan[i];
+    if (row.seq_len == 0xFFFFFFFFu) continue;
+    const int64_t b = row.read_page_0;
+    if (b < 0 || b >= batch) return {Fault::kBatch, i, b};
+    const int64_t rid = rids[b];
+    row.read_page_0 = static_cast<int32_t>(rid + offset);
+    row.read_page_1 = static_cast<int32_t>(rid);
+  }
+  return {};
+}
+
 // Rows [from, to) of a list become sentinels (CUDA-graph padding).
 template <typename Row>
 void fill_rows(Row* rows, int64_t from, int64_t to, const Row& sentinel) {

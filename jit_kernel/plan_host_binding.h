@@ -14,6 +14,17 @@
 //   online (kOnline = true, ratio 128):
 //     prefill_stage0(plan_c u8[N,16], plan_w u8[N,16], seq_lens i64[B], extend_lens i64[B],
 //                    pad) -> (num_c, num_w)
+//   prefill_stage1, in place on the rows above (stage 1 for host outputs: the bytes of
+//   torch_backend.plans.prefill_stage1 / online_prefill_stage1):
+//     regular: prefill_stage1(plan_c u8[C,16], plan_w u8[W,8], req_pool_indices i64[B],
+//                             req_to_token i32[S,L], full_to_state i64[F], swa_page_size,
+//                             ring_size, use_req_ring)
+//     online:  prefill_stage1(plan_c u8[C,16], plan_w u8[W,16], req_pool_indices i64[B],
+//                             state_slot_offset)
+//   Every lookup is bounds-checked (batch index < B; paged: slot < S, position < L, full loc
+//   < F): a stage-0 row or table that breaks one is a ValueError naming the row, and rows
+//   before it are already resolved (the API checks the tables first, so this never fires
+//   through it).
 //
 // Every tensor is contiguous host memory (cpu, or cuda_host / rocm_host); plan rows are
 // row-aligned. Before anything is written the binding checks the tensors (TypeError for a
@@ -101,6 +112,29 @@ tvm::ffi::Shape finish(const TensorView& plan_c, const TensorView& plan_w, Count
   return tvm::ffi::Shape({counts.compress_rows, counts.write_rows});
 }
 
+// [rows, row_bytes] uint8 rows in host memory, any row count; returns the row count.
+inline int64_t check_any_rows(const TensorView& t, const char* name, int64_t row_bytes) {
+  check_rows(t, name, chk::kAnySize, row_bytes);
+  return t.size(0);
+}
+
+inline void check_host_tensor(const TensorView& t, const char* name, DLDataType dtype,
+                              int32_t ndim) {
+  chk::check_dtype(t, name, dtype);
+  chk::check_ndim(t, name, ndim);
+  check_host(t, name);
+}
+
+inline void raise_fault(const Fault& f) {
+  if (f.kind == Fault::kNone) return;
+  static constexpr const char* kWhat[] = {"", "a batch index in [0, B) (stage-0 row)",
+                                          "a request slot in [0, rows of req_to_token)",
+                                          "a position in [0, columns of req_to_token)",
+                                          "a full loc in [0, length of full_to_state)"};
+  TVM_FFI_THROW(ValueError) << "plan row " << f.row << ": expected " << kWhat[f.kind] << ", got "
+                            << f.value;
+}
+
 template <int kRatio, bool kOnline>
 struct PlanHostBinding;
 
@@ -118,6 +152,31 @@ struct PlanHostBinding<kRatio, false> {
         static_cast<CompressPlan*>(plan_c.data_ptr()), static_cast<WritePlan*>(plan_w.data_ptr()));
     return finish<CompressPlan, WritePlan>(plan_c, plan_w, counts, pad, invalid_write_plan());
   }
+
+  static void prefill_stage1(TensorView plan_c, TensorView plan_w, TensorView req_pool_indices,
+                             TensorView req_to_token, TensorView full_to_state,
+                             int64_t swa_page_size, int64_t ring_size, bool use_req_ring) {
+    const int64_t rows_c = check_any_rows(plan_c, "plan_c", kCompressPlanBytes);
+    const int64_t rows_w = check_any_rows(plan_w, "plan_w", kWritePlanBytes);
+    check_host_tensor(req_pool_indices, "req_pool_indices", chk::kInt64, 1);
+    check_host_tensor(req_to_token, "req_to_token", chk::kInt32, 2);
+    check_host_tensor(full_to_state, "full_to_state", chk::kInt64, 1);
+    const bool req_ring = kRatio != 4 || use_req_ring;
+    chk::check_range(ring_size, "ring_size", 1, kInt32Max);
+    if (!req_ring) chk::check_range(swa_page_size, "swa_page_size", 1, kInt32Max);
+    const World world{static_cast<const int64_t*>(req_pool_indices.data_ptr()),
+                      req_pool_indices.size(0),
+                      static_cast<const int32_t*>(req_to_token.data_ptr()),
+                      req_to_token.size(0),
+                      req_to_token.size(1),
+                      static_cast<const int64_t*>(full_to_state.data_ptr()),
+                      full_to_state.size(0),
+                      swa_page_size,
+                      ring_size,
+                      req_ring};
+    raise_fault(regular_stage1<kRatio>(world, static_cast<CompressPlan*>(plan_c.data_ptr()), rows_c,
+                                       static_cast<WritePlan*>(plan_w.data_ptr()), rows_w));
+  }
 };
 
 template <>
@@ -129,6 +188,21 @@ struct PlanHostBinding<128, true> {
                                         static_cast<CompressPlan*>(plan_w.data_ptr()));
     return finish<CompressPlan, CompressPlan>(plan_c, plan_w, counts, pad,
                                               invalid_compress_plan());
+  }
+
+  static void prefill_stage1(TensorView plan_c, TensorView plan_w, TensorView req_pool_indices,
+                             int64_t state_slot_offset) {
+    const int64_t rows_c = check_any_rows(plan_c, "plan_c", kCompressPlanBytes);
+    const int64_t rows_w = check_any_rows(plan_w, "plan_w", kCompressPlanBytes);
+    check_host_tensor(req_pool_indices, "req_pool_indices", chk::kInt64, 1);
+    const auto* rids = static_cast<const int64_t*>(req_pool_indices.data_ptr());
+    const int64_t batch = req_pool_indices.size(0);
+    raise_fault(online_stage1(rids, batch, state_slot_offset,
+                              static_cast<CompressPlan*>(plan_c.data_ptr()), rows_c));
+    Fault f = online_stage1(rids, batch, state_slot_offset,
+                            static_cast<CompressPlan*>(plan_w.data_ptr()), rows_w);
+    if (f.kind != Fault::kNone) f.row += rows_c;
+    raise_fault(f);
   }
 };
 

@@ -157,6 +157,96 @@ def test_golden_prefill_plans_through_the_native_planner(native: None, path: str
     assert native_planner(128 if online or "c128" in path else 4, online) is not None
 
 
+# ----------------------------------------------------------------------------- stage 1 (CPU plans)
+
+
+def _stage1_reference(mode, c0: torch.Tensor, w0: torch.Tensor, rids: torch.Tensor, world, page: int,
+                      offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if mode == "online":
+        return tp.online_prefill_stage1(c0, rids, offset), tp.online_prefill_stage1(w0, rids, offset)
+    ratio, ring, req_ring = mode
+    return tp.prefill_stage1(ratio, c0, w0, rids, world.req_to_token, world.full_to_state, page, ring, req_ring)
+
+
+@pytest.mark.parametrize("mode", MODES + ["online"], ids=lambda m: m if m == "online" else mode_id(m))
+def test_native_stage1_matches_pytorch(native: None, mode) -> None:
+    """The native stage 1 over PyTorch stage-0 rows (exact and padded; small SWA pages) gives the
+    bytes of the PyTorch stage 1, in place."""
+    world = make_world(seed=11)
+    rng = random.Random(f"s1{mode}")
+    online = mode == "online"
+    ratio, ring, req_ring = (128, 1, True) if online else mode
+    module = native_planner(ratio, online)
+    for case in range(60):
+        rids, seq, ext = random_batch(rng, world, rng.randint(1, 8), rng.choice([1, 5, 130, 700]))
+        page = 256 if online or req_ring or ratio != 4 or rng.random() < 0.6 else ring * rng.choice([1, 2, 32])
+        pad_to = int(ext.sum()) + rng.choice([0, 3]) if rng.random() < 0.4 else None
+        c0, w0 = reference_stage0(ratio, online, seq, ext, page, ring, req_ring, pad_to)
+        offset = rng.choice([0, 50])
+        want_c, want_w = _stage1_reference(mode, c0, w0, rids, world, page, offset)
+        got_c, got_w = c0.clone(), w0.clone()
+        if online:
+            module.prefill_stage1(got_c, got_w, rids, offset)
+        else:
+            module.prefill_stage1(got_c, got_w, rids, world.req_to_token, world.full_to_state, page, ring, req_ring)
+        what = f"{mode} case {case} page {page} pad {pad_to} seq {seq.tolist()} ext {ext.tolist()}"
+        assert_plan_bytes(got_c, want_c, f"{what} plan_c")
+        assert_plan_bytes(got_w, want_w, f"{what} plan_w", "compress" if online else "write")
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["exact", "graph_padded"])
+@pytest.mark.parametrize("mode", MODES + ["online"], ids=lambda m: m if m == "online" else mode_id(m))
+def test_cpu_generate_is_all_native_and_matches_pytorch(native: None, monkeypatch: pytest.MonkeyPatch, mode,
+                                                        graph: bool) -> None:
+    """``generate`` / ``generate_online`` with every tensor on the CPU take both stages from the
+    native planner (the PyTorch stage 1 is not called) and give the all-PyTorch bytes."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the PyTorch planner ran for an all-CPU plan")
+
+    world = make_world(seed=5)
+    rng = random.Random(f"cpu{mode}{graph}")
+    for trial in range(10):
+        rids, seq, ext = random_batch(rng, world, rng.randint(1, 12), rng.choice([3, 40, 700]))
+        num_q = int(ext.sum())
+        want_c, want_w = pure_pytorch_plan(mode, rids, seq, ext, world, graph)
+        with monkeypatch.context() as m:
+            for name in ("prefill_stage1", "online_prefill_stage1", "prefill_plan", "online_prefill_plan"):
+                m.setattr(tp, name, forbidden)
+            if mode == "online":
+                plan = CompressorPrefillPlan.generate_online(seq, ext, rids, world.req_to_token, num_q, graph, 7)
+            else:
+                ratio, ring, req_ring = mode
+                plan = CompressorPrefillPlan.generate(ratio, rids, seq, ext, world.req_to_token, world.full_to_state,
+                                                      256, ring, num_q, graph, req_ring)
+        assert plan[1].is_cpu and plan[2].is_cpu
+        assert_plan_bytes(plan[1], want_c, f"{mode} trial {trial} plan_c")
+        assert_plan_bytes(plan[2], want_w, f"{mode} trial {trial} plan_w", "compress" if mode == "online" else "write")
+
+
+def test_native_stage1_rejects_out_of_range_lookups(native: None) -> None:
+    """A stage-0 row or table that points outside its tensor is a named error, not a wild read."""
+    world = make_world(seed=2, slots=4, max_ctx=512)
+    seq, ext = torch.tensor([300]), torch.tensor([300])
+    c0, w0 = tp.prefill_stage0(4, seq, ext, 256, 8, False)
+    module = native_planner(4, False)
+    with pytest.raises(ValueError, match="a batch index in"):
+        module.prefill_stage1(c0.clone(), w0.clone(), torch.empty(0, dtype=torch.int64), world.req_to_token,
+                              world.full_to_state, 256, 8, False)
+    with pytest.raises(ValueError, match="a request slot in"):
+        module.prefill_stage1(c0.clone(), w0.clone(), torch.tensor([9]), world.req_to_token, world.full_to_state,
+                              256, 8, False)
+    with pytest.raises(ValueError, match="a position in"):
+        module.prefill_stage1(c0.clone(), w0.clone(), torch.tensor([1]), world.req_to_token[:, :100].contiguous(),
+                              world.full_to_state, 256, 8, False)
+    with pytest.raises(ValueError, match="a full loc in"):
+        module.prefill_stage1(c0.clone(), w0.clone(), torch.tensor([1]), world.req_to_token, world.full_to_state[:5],
+                              256, 8, False)
+    online = native_planner(128, True)
+    c0, w0 = tp.online_prefill_stage0(seq, ext)
+    with pytest.raises(ValueError, match="a batch index in"):
+        online.prefill_stage1(c0.clone(), w0.clone(), torch.empty(0, dtype=torch.int64), 0)
+
+
 # ----------------------------------------------------------------------------- binding checks
 
 

@@ -255,6 +255,13 @@ class CompressorPrefillPlan(_PlanBase):
             return CompressorPrefillPlan(
                 ratio, _empty(PLAN_ROW_BYTES, device), _empty(WRITE_ROW_BYTES, device), is_online=False
             )
+        if host_lengths and device.type == "cpu":  # an all-CPU plan: both stages in the native host planner
+            from .cuda_ops import plan_host
+
+            native = plan_host.cpu_prefill_plan(ratio, req_pool_indices, seq, ext, req_to_token, full_to_state,
+                                                swa_page_size, ring_size, num_q_tokens, use_cuda_graph, use_req_ring)
+            if native is not None:
+                return CompressorPrefillPlan(ratio, native[0], native[1], is_online=False)
         # Device-resident lengths (the CUDA-graph path) pad both lists to num_q_tokens on either backend.
         plan_c, plan_w = plans_backend(device).prefill_plan(
             ratio, req_pool_indices, seq, ext, req_to_token, full_to_state, swa_page_size, ring_size, num_q_tokens,
@@ -317,6 +324,13 @@ class CompressorPrefillPlan(_PlanBase):
             return CompressorPrefillPlan(
                 128, _empty(PLAN_ROW_BYTES, device), _empty(PLAN_ROW_BYTES, device), is_online=True
             )
+        if device.type == "cpu":  # an all-CPU plan: both stages in the native host planner
+            from .cuda_ops import plan_host
+
+            native = plan_host.cpu_online_prefill_plan(seq, ext, req_pool_indices, num_q_tokens, use_cuda_graph,
+                                                       state_slot_offset)
+            if native is not None:
+                return CompressorPrefillPlan(128, native[0], native[1], is_online=True)
         plan_c, plan_w = plans_backend(device).online_prefill_plan(
             seq, ext, req_pool_indices, num_q_tokens, use_cuda_graph, state_slot_offset
         )
