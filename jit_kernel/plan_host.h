@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "plan.cuh"
 
@@ -258,6 +259,51 @@ inline Fault online_stage1(const int64_t* rids, int64_t batch, int64_t offset, C
     row.read_page_1 = static_cast<int32_t>(rid);
   }
   return {};
+}
+
+// ----------------------------------------------------------------------------- value checks
+// validation.check_state_locations for a paged C4 prefill, over the positions the planner reads:
+// [max(seq - extend - 4, 0), seq) of each request, batch-major. Their full locs must lie in
+// [0, full_len); the SWA locs found there must be >= 0 with a state row that fits an int32.
+
+struct LocationCheck {
+  int64_t lo = 0, hi = -1;  // range of the full locs read (hi < lo: nothing read)
+  int64_t bad_b = -1;       // first (b, p) with a bad SWA loc among in-range full locs, or -1
+  int64_t bad_p = 0, bad_full = 0, bad_swa = 0, bad_row = 0;
+};
+
+// Assumes rids in [0, slots) and seq <= max_ctx (the API checks both first).
+inline LocationCheck check_state_locations(const World& w, const Lengths& len) {
+  LocationCheck out;
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+  for (int64_t b = 0; b < len.batch; ++b) {
+    const int64_t seq = len.seq_lens[b];
+    const int64_t first = std::max<int64_t>(seq - len.extend_lens[b] - 4, 0);
+    const int32_t* locs = w.req_to_token + w.rids[b] * w.max_ctx;
+    for (int64_t p = first; p < seq; ++p) {
+      const int64_t full = locs[p];
+      lo = std::min(lo, full);
+      hi = std::max(hi, full);
+      if (out.bad_b >= 0 || full < 0 || full >= w.full_len) continue;
+      const int64_t swa = w.full_to_state[full];
+      // the reference's int64 arithmetic (wraps like torch for absurd values)
+      const int64_t row = static_cast<int64_t>(
+          static_cast<uint64_t>(swa / w.swa_page_size) * static_cast<uint64_t>(w.ring_size) +
+          static_cast<uint64_t>(swa % w.ring_size));
+      if (swa < 0 || row > std::numeric_limits<int32_t>::max()) {
+        out.bad_b = b;
+        out.bad_p = p;
+        out.bad_full = full;
+        out.bad_swa = swa;
+        out.bad_row = row;
+      }
+    }
+  }
+  if (lo <= hi) {
+    out.lo = lo;
+    out.hi = hi;
+  }
+  return out;
 }
 
 // Rows [from, to) of a list become sentinels (CUDA-graph padding).

@@ -25,6 +25,10 @@
 //   < F): a stage-0 row or table that breaks one is a ValueError naming the row, and rows
 //   before it are already resolved (the API checks the tables first, so this never fires
 //   through it).
+//   check_state_locations (every variant; the API's paged-C4 value check, natively):
+//     check_state_locations(req_pool_indices i64[B], req_to_token i32[S,L], full_to_state i64[F],
+//                           seq_lens i64[B], extend_lens i64[B], swa_page_size, ring_size)
+//   raises validation.check_state_locations's ValueError (same message) or returns nothing.
 //
 // Every tensor is contiguous host memory (cpu, or cuda_host / rocm_host); plan rows are
 // row-aligned. Before anything is written the binding checks the tensors (TypeError for a
@@ -135,6 +139,77 @@ inline void raise_fault(const Fault& f) {
                             << f.value;
 }
 
+// The tables of a regular stage 1 / value check, checked (host memory, dtypes, ranks).
+inline World check_world(const TensorView& req_pool_indices, const TensorView& req_to_token,
+                         const TensorView& full_to_state, int64_t swa_page_size,
+                         int64_t ring_size, bool req_ring) {
+  check_host_tensor(req_pool_indices, "req_pool_indices", chk::kInt64, 1);
+  check_host_tensor(req_to_token, "req_to_token", chk::kInt32, 2);
+  check_host_tensor(full_to_state, "full_to_state", chk::kInt64, 1);
+  chk::check_range(ring_size, "ring_size", 1, kInt32Max);
+  if (!req_ring) chk::check_range(swa_page_size, "swa_page_size", 1, kInt32Max);
+  return World{static_cast<const int64_t*>(req_pool_indices.data_ptr()),
+               req_pool_indices.size(0),
+               static_cast<const int32_t*>(req_to_token.data_ptr()),
+               req_to_token.size(0),
+               req_to_token.size(1),
+               static_cast<const int64_t*>(full_to_state.data_ptr()),
+               full_to_state.size(0),
+               swa_page_size,
+               ring_size,
+               req_ring};
+}
+
+// validation.check_state_locations for a paged C4 prefill (plan_host.h), raising its ValueError
+// with the same message (no "Check failed" prefix).
+inline void check_state_locations_binding(TensorView req_pool_indices, TensorView req_to_token,
+                                          TensorView full_to_state, TensorView seq_lens,
+                                          TensorView extend_lens, int64_t swa_page_size,
+                                          int64_t ring_size) {
+  const World world = check_world(req_pool_indices, req_to_token, full_to_state, swa_page_size,
+                                  ring_size, false);
+  check_host_tensor(seq_lens, "seq_lens", chk::kInt64, 1);
+  chk::check_shape(seq_lens, "seq_lens", {world.batch});
+  check_host_tensor(extend_lens, "extend_lens", chk::kInt64, 1);
+  chk::check_shape(extend_lens, "extend_lens", {world.batch});
+  const Lengths len{static_cast<const int64_t*>(seq_lens.data_ptr()),
+                    static_cast<const int64_t*>(extend_lens.data_ptr()), world.batch};
+  for (int64_t b = 0; b < len.batch; ++b) {  // memory safety (the API checked both already)
+    const int64_t rid = world.rids[b];
+    if (rid < 0 || rid >= world.slots) {
+      TVM_FFI_THROW(ValueError) << "req_pool_indices: expected values in [0, " << world.slots
+                                << ") (rows of req_to_token), got " << rid << " at row " << b;
+    }
+    const int64_t seq = len.seq_lens[b], ext = len.extend_lens[b];
+    if (seq > world.max_ctx || ext > seq) {
+      TVM_FFI_THROW(ValueError) << "seq_lens: expected extend_lens[i] <= seq_lens[i] <= "
+                                << world.max_ctx << " (columns of req_to_token), got seq_lens["
+                                << b << "] = " << seq << ", extend_lens[" << b << "] = " << ext;
+    }
+  }
+  const LocationCheck c = plan_host::check_state_locations(world, len);
+  if (c.lo < 0 || c.hi >= world.full_len) {
+    TVM_FFI_THROW(ValueError) << "req_to_token: expected full locs in [0, " << world.full_len
+                              << ") (length of full_to_state) at the positions the plan reads, "
+                                 "got range ["
+                              << c.lo << ", " << c.hi << "]";
+  }
+  if (c.bad_b < 0) return;
+  const int64_t slot = world.rids[c.bad_b];
+  if (c.bad_swa < 0) {
+    TVM_FFI_THROW(ValueError) << "full_to_state: expected an SWA loc >= 0 (-1 marks an evicted "
+                                 "token) at every position the plan reads or writes, got "
+                                 "full_to_state["
+                              << c.bad_full << "] = " << c.bad_swa << " (request slot " << slot
+                              << ", position " << c.bad_p << ")";
+  }
+  TVM_FFI_THROW(ValueError) << "full_to_state: expected an SWA loc whose state row fits an int32 "
+                               "(row "
+                            << c.bad_row << ") at every position the plan reads or writes, got "
+                            << "full_to_state[" << c.bad_full << "] = " << c.bad_swa
+                            << " (request slot " << slot << ", position " << c.bad_p << ")";
+}
+
 template <int kRatio, bool kOnline>
 struct PlanHostBinding;
 
@@ -158,22 +233,8 @@ struct PlanHostBinding<kRatio, false> {
                              int64_t swa_page_size, int64_t ring_size, bool use_req_ring) {
     const int64_t rows_c = check_any_rows(plan_c, "plan_c", kCompressPlanBytes);
     const int64_t rows_w = check_any_rows(plan_w, "plan_w", kWritePlanBytes);
-    check_host_tensor(req_pool_indices, "req_pool_indices", chk::kInt64, 1);
-    check_host_tensor(req_to_token, "req_to_token", chk::kInt32, 2);
-    check_host_tensor(full_to_state, "full_to_state", chk::kInt64, 1);
-    const bool req_ring = kRatio != 4 || use_req_ring;
-    chk::check_range(ring_size, "ring_size", 1, kInt32Max);
-    if (!req_ring) chk::check_range(swa_page_size, "swa_page_size", 1, kInt32Max);
-    const World world{static_cast<const int64_t*>(req_pool_indices.data_ptr()),
-                      req_pool_indices.size(0),
-                      static_cast<const int32_t*>(req_to_token.data_ptr()),
-                      req_to_token.size(0),
-                      req_to_token.size(1),
-                      static_cast<const int64_t*>(full_to_state.data_ptr()),
-                      full_to_state.size(0),
-                      swa_page_size,
-                      ring_size,
-                      req_ring};
+    const World world = check_world(req_pool_indices, req_to_token, full_to_state, swa_page_size,
+                                    ring_size, kRatio != 4 || use_req_ring);
     raise_fault(regular_stage1<kRatio>(world, static_cast<CompressPlan*>(plan_c.data_ptr()), rows_c,
                                        static_cast<WritePlan*>(plan_w.data_ptr()), rows_w));
   }

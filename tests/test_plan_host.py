@@ -247,6 +247,53 @@ def test_native_stage1_rejects_out_of_range_lookups(native: None) -> None:
         online.prefill_stage1(c0.clone(), w0.clone(), torch.empty(0, dtype=torch.int64), 0)
 
 
+def _location_cases():
+    """(name, kwargs) of paged-C4 prefills whose state locations break a rule (and one that is fine)."""
+    world = make_world(seed=4, slots=6, max_ctx=1024)
+    rids, seq, ext = torch.tensor([1, 3, 2]), torch.tensor([300, 520, 9]), torch.tensor([300, 20, 9])
+    base = dict(compress_ratio=4, req_pool_indices=rids, seq_lens=seq, extend_lens=ext, swa_page_size=256,
+                ring_size=8, num_q_tokens=329)
+    r2t, f2s = world.req_to_token, world.full_to_state
+    loc = lambda slot, pos: int(r2t[slot, pos])  # noqa: E731
+    cases = [("fine", r2t, f2s)]
+    for name, slot, pos, value in [("evicted", 3, 505, -1), ("evicted_prefix_read", 3, 497, -1),
+                                   ("evicted_first", 1, 0, -1), ("row_past_i32", 2, 4, 2**40),
+                                   ("two_bad_first_wins", 1, 7, -1)]:
+        bad = f2s.clone()
+        bad[loc(slot, pos)] = value
+        if name == "two_bad_first_wins":
+            bad[loc(3, 510)] = 2**40
+        cases.append((name, r2t, bad))
+    for name, value in [("full_loc_negative", -5), ("full_loc_past_end", f2s.shape[0] + 3)]:
+        bad_r2t = r2t.clone()
+        bad_r2t[3, 501] = value
+        cases.append((name, bad_r2t, f2s))
+    cases.append(("unread_entry_is_ignored", r2t, f2s.clone().index_fill_(0, torch.tensor([loc(3, 400)]), -1)))
+    return [(name, dict(base, req_to_token=a, full_to_state=b)) for name, a, b in cases]
+
+
+@pytest.mark.parametrize("name,kwargs", _location_cases(), ids=[c[0] for c in _location_cases()])
+def test_native_location_check_raises_the_python_message(native: None, monkeypatch: pytest.MonkeyPatch, name: str,
+                                                         kwargs: dict) -> None:
+    """The native ``check_state_locations`` of an all-CPU paged C4 prefill raises exactly the
+    message of the PyTorch check (``validation.check_state_locations``), or nothing for both."""
+    import flashcompress.plans as plans_mod
+
+    def outcome(native_check: bool) -> str | None:
+        with monkeypatch.context() as m:
+            if not native_check:
+                m.setattr(plans_mod, "_native_location_check", lambda *a: False)
+            try:
+                CompressorPrefillPlan.generate(**kwargs)
+            except ValueError as exc:
+                return f"{type(exc).__name__}: {exc}"
+        return None
+
+    want = outcome(False)
+    assert outcome(True) == want
+    assert (want is None) == (name in ("fine", "unread_entry_is_ignored")), want
+
+
 # ----------------------------------------------------------------------------- binding checks
 
 

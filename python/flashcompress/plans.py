@@ -26,6 +26,19 @@ def _empty(rows_bytes: int, device: torch.device) -> torch.Tensor:
     return torch.empty((0, rows_bytes), dtype=torch.uint8, device=device)
 
 
+def _native_location_check(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor, full_to_state: torch.Tensor,
+                           seq: torch.Tensor, ext: torch.Tensor, swa_page_size: int, ring_size: int) -> bool:
+    """``V.check_state_locations`` of a paged C4 prefill with every tensor on the CPU, in the native
+    host planner (same ``ValueError`` messages); False where it is unavailable (check in PyTorch)."""
+    from .cuda_ops import plan_host
+
+    module = plan_host.native_planner(4, False)
+    if module is None:
+        return False
+    module.check_state_locations(req_pool_indices, req_to_token, full_to_state, seq, ext, swa_page_size, ring_size)
+    return True
+
+
 class _PlanBase(V.PlanTuple):
     """Tuple-like plan: ``plan[0]`` is the ratio, ``plan[1:]`` the plan tensors."""
 
@@ -242,7 +255,10 @@ class CompressorPrefillPlan(_PlanBase):
         V.check_distinct_requests(req_pool_indices, seq)
         # The state locations are values of the world tensors (req_to_token, full_to_state): checked where
         # those live on the CPU (or in debug mode), whatever device the lengths are on.
-        if ratio == 4 and not use_req_ring and batch and V.wants_value_checks(req_pool_indices):
+        if ratio == 4 and not use_req_ring and batch and req_pool_indices.is_cpu and _native_location_check(
+                req_pool_indices, req_to_token, full_to_state, seq, ext, swa_page_size, ring_size):
+            pass  # checked natively (the same messages), no PyTorch ops
+        elif ratio == 4 and not use_req_ring and batch and V.wants_value_checks(req_pool_indices):
             # the planner reads positions [prefix - 4, seq) of each request (overlap window included)
             first = (seq - ext - ratio).clamp(min=0)
             count = seq - first

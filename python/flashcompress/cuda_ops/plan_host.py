@@ -13,7 +13,8 @@ The family is host-only (``Family.host_only``): its modules are built by the JIT
 every other variant, but with the host C++ compiler alone (no nvcc, no GPU runtime; target
 ``host:<machine>``), so they build and run on a machine without CUDA.  Variants: ``ratio`` in
 {4, 128} x ``online`` (online only with ratio 128), each exporting ``prefill_stage0`` and
-``prefill_stage1`` (signatures in jit_kernel/plan_host_binding.h).
+``prefill_stage1`` and ``check_state_locations`` (the API's paged-C4 value check, same
+messages; signatures in jit_kernel/plan_host_binding.h).
 
 Bytes: identical to ``torch_backend.plans.prefill_stage0`` / ``online_prefill_stage0`` (the
 reference) for every input, padded with the sentinel rows of ``layouts`` when asked.
@@ -54,7 +55,7 @@ PLAN_HOST = register_family(
     Family(
         "plan_host",
         sources=(("plan_host_binding.cpp.j2", "binding.cpp"),),
-        exports=("prefill_stage0", "prefill_stage1"),
+        exports=("prefill_stage0", "prefill_stage1", "check_state_locations"),
         space={"ratio": (4, 128), "online": (False, True)},
         host_only=True,
     ),
