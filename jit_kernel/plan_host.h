@@ -172,6 +172,23 @@ inline Counts online_stage0(const Lengths& len, CompressPlan* plan_c, CompressPl
 // swa = full_to_state[req_to_token[rid, p]], row = (swa / page) * ring + swa % ring, with C
 // (truncating) division as in the reference; i32 fields take the low 32 bits.
 
+// x / d and x % d with C truncation; shifts and masks when d is a power of two and x >= 0 (the
+// common case: SWA pages of 256, rings of 8 / 16 / 128), a hardware division otherwise.
+struct Divisor {
+  int64_t d = 1;
+  int shift = -1;  // log2(d) when d is a power of two, else -1
+
+  Divisor() = default;
+  explicit Divisor(int64_t value) : d(value) {
+    if (value > 0 && (value & (value - 1)) == 0) {
+      shift = 0;
+      while ((int64_t{1} << shift) != value) ++shift;
+    }
+  }
+  int64_t quo(int64_t x) const { return shift >= 0 && x >= 0 ? x >> shift : x / d; }
+  int64_t rem(int64_t x) const { return shift >= 0 && x >= 0 ? x & (d - 1) : x % d; }
+};
+
 // The tables stage 1 reads (host memory, contiguous).
 struct World {
   const int64_t* rids;          // [batch]
@@ -180,9 +197,15 @@ struct World {
   int64_t slots, max_ctx;
   const int64_t* full_to_state;  // [full_len]
   int64_t full_len;
-  int64_t swa_page_size, ring_size;
+  Divisor swa_page_size, ring_size;
   bool req_ring;
 };
+
+// State row of SWA loc `swa` (paged addressing). swa_page_size is a multiple of ring_size (the
+// API checks it), so the product does not overflow.
+inline int64_t swa_state_row(const World& w, int64_t swa) {
+  return w.swa_page_size.quo(swa) * w.ring_size.d + w.ring_size.rem(swa);
+}
 
 // The first lookup stage 1 could not make (memory safety; the API's checks rule these out).
 struct Fault {
@@ -198,7 +221,7 @@ inline int64_t state_row(const World& w, int64_t b, int64_t p, int64_t plan_row,
     return 0;
   }
   const int64_t rid = w.rids[b];
-  if (w.req_ring) return rid * w.ring_size + p % w.ring_size;
+  if (w.req_ring) return rid * w.ring_size.d + w.ring_size.rem(p);
   if (rid < 0 || rid >= w.slots) {
     fault = {Fault::kSlot, plan_row, rid};
     return 0;
@@ -212,8 +235,7 @@ inline int64_t state_row(const World& w, int64_t b, int64_t p, int64_t plan_row,
     fault = {Fault::kFullLoc, plan_row, full};
     return 0;
   }
-  const int64_t swa = w.full_to_state[full];
-  return swa / w.swa_page_size * w.ring_size + swa % w.ring_size;
+  return swa_state_row(w, w.full_to_state[full]);
 }
 
 // Regular stage 1 over `rows_c` compress rows and `rows_w` write rows; stops at the first fault.
@@ -286,10 +308,7 @@ inline LocationCheck check_state_locations(const World& w, const Lengths& len) {
       hi = std::max(hi, full);
       if (out.bad_b >= 0 || full < 0 || full >= w.full_len) continue;
       const int64_t swa = w.full_to_state[full];
-      // the reference's int64 arithmetic (wraps like torch for absurd values)
-      const int64_t row = static_cast<int64_t>(
-          static_cast<uint64_t>(swa / w.swa_page_size) * static_cast<uint64_t>(w.ring_size) +
-          static_cast<uint64_t>(swa % w.ring_size));
+      const int64_t row = swa_state_row(w, swa);
       if (swa < 0 || row > std::numeric_limits<int32_t>::max()) {
         out.bad_b = b;
         out.bad_p = p;

@@ -155,8 +155,8 @@ inline World check_world(const TensorView& req_pool_indices, const TensorView& r
                req_to_token.size(1),
                static_cast<const int64_t*>(full_to_state.data_ptr()),
                full_to_state.size(0),
-               swa_page_size,
-               ring_size,
+               Divisor(req_ring ? 1 : swa_page_size),
+               Divisor(ring_size),
                req_ring};
 }
 
