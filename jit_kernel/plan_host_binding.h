@@ -29,6 +29,12 @@
 //     check_state_locations(req_pool_indices i64[B], req_to_token i32[S,L], full_to_state i64[F],
 //                           seq_lens i64[B], extend_lens i64[B], swa_page_size, ring_size)
 //   raises validation.check_state_locations's ValueError (same message) or returns nothing.
+//   check_prefill_values (every variant; the API's value checks of an all-CPU prefill, in the
+//   API's order and with its messages: 0 < extend <= seq and the token total, seq <= columns
+//   of req_to_token, distinct request slots, then the state locations when `paged`):
+//     check_prefill_values(req_pool_indices i64[B], req_to_token i32[S,L], full_to_state i64[F],
+//                          seq_lens i64[B], extend_lens i64[B], num_q_tokens, exact_total,
+//                          paged, swa_page_size, ring_size)
 //
 // Every tensor is contiguous host memory (cpu, or cuda_host / rocm_host); plan rows are
 // row-aligned. Before anything is written the binding checks the tensors (TypeError for a
@@ -42,8 +48,12 @@
 #include <tvm/ffi/container/tensor.h>
 #include <tvm/ffi/error.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <sstream>
+#include <utility>
+#include <vector>
 
 #include "ffi_check.h"
 #include "plan.cuh"
@@ -160,20 +170,20 @@ inline World check_world(const TensorView& req_pool_indices, const TensorView& r
                req_ring};
 }
 
+// The lengths of a value check: int64 [B] host tensors.
+inline Lengths check_lengths_view(const TensorView& seq_lens, const TensorView& extend_lens,
+                                  int64_t batch) {
+  check_host_tensor(seq_lens, "seq_lens", chk::kInt64, 1);
+  chk::check_shape(seq_lens, "seq_lens", {batch});
+  check_host_tensor(extend_lens, "extend_lens", chk::kInt64, 1);
+  chk::check_shape(extend_lens, "extend_lens", {batch});
+  return Lengths{static_cast<const int64_t*>(seq_lens.data_ptr()),
+                 static_cast<const int64_t*>(extend_lens.data_ptr()), batch};
+}
+
 // validation.check_state_locations for a paged C4 prefill (plan_host.h), raising its ValueError
 // with the same message (no "Check failed" prefix).
-inline void check_state_locations_binding(TensorView req_pool_indices, TensorView req_to_token,
-                                          TensorView full_to_state, TensorView seq_lens,
-                                          TensorView extend_lens, int64_t swa_page_size,
-                                          int64_t ring_size) {
-  const World world = check_world(req_pool_indices, req_to_token, full_to_state, swa_page_size,
-                                  ring_size, false);
-  check_host_tensor(seq_lens, "seq_lens", chk::kInt64, 1);
-  chk::check_shape(seq_lens, "seq_lens", {world.batch});
-  check_host_tensor(extend_lens, "extend_lens", chk::kInt64, 1);
-  chk::check_shape(extend_lens, "extend_lens", {world.batch});
-  const Lengths len{static_cast<const int64_t*>(seq_lens.data_ptr()),
-                    static_cast<const int64_t*>(extend_lens.data_ptr()), world.batch};
+inline void raise_bad_state_locations(const World& world, const Lengths& len) {
   for (int64_t b = 0; b < len.batch; ++b) {  // memory safety (the API checked both already)
     const int64_t rid = world.rids[b];
     if (rid < 0 || rid >= world.slots) {
@@ -208,6 +218,83 @@ inline void check_state_locations_binding(TensorView req_pool_indices, TensorVie
                             << c.bad_row << ") at every position the plan reads or writes, got "
                             << "full_to_state[" << c.bad_full << "] = " << c.bad_swa
                             << " (request slot " << slot << ", position " << c.bad_p << ")";
+}
+
+inline void check_state_locations_binding(TensorView req_pool_indices, TensorView req_to_token,
+                                          TensorView full_to_state, TensorView seq_lens,
+                                          TensorView extend_lens, int64_t swa_page_size,
+                                          int64_t ring_size) {
+  const World world = check_world(req_pool_indices, req_to_token, full_to_state, swa_page_size,
+                                  ring_size, false);
+  raise_bad_state_locations(world, check_lengths_view(seq_lens, extend_lens, world.batch));
+}
+
+// validation.check_distinct_requests: the first row (in batch order) whose slot appears twice,
+// CUDA-graph padding rows (seq_len 1) excepted, raises with every row of that slot.
+inline void raise_repeated_slots(const World& world, const Lengths& len) {
+  if (len.batch < 2) return;
+  std::vector<std::pair<int64_t, int64_t>> order(len.batch);  // (slot, row), sorted
+  for (int64_t b = 0; b < len.batch; ++b) order[b] = {world.rids[b], b};
+  std::sort(order.begin(), order.end());
+  int64_t first = -1;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const bool repeated = (i > 0 && order[i - 1].first == order[i].first) ||
+                          (i + 1 < order.size() && order[i + 1].first == order[i].first);
+    const int64_t b = order[i].second;
+    if (repeated && len.seq_lens[b] != 1 && (first < 0 || b < first)) first = b;
+  }
+  if (first < 0) return;
+  const int64_t slot = world.rids[first];
+  std::ostringstream rows;
+  int64_t shown = 0, count = 0;
+  for (const auto& [s, b] : order) {
+    if (s != slot) continue;
+    ++count;
+    if (shown < 4) rows << (shown++ ? ", " : "") << b;
+  }
+  TVM_FFI_THROW(ValueError) << "req_pool_indices: expected distinct request slots in one batch "
+                               "(only CUDA-graph padding rows, seq_len 1, may share a slot), got "
+                               "slot "
+                            << slot << " at rows [" << rows.str() << "]"
+                            << (count > 4 ? " ..." : "");
+}
+
+inline void check_prefill_values_binding(TensorView req_pool_indices, TensorView req_to_token,
+                                         TensorView full_to_state, TensorView seq_lens,
+                                         TensorView extend_lens, int64_t num_q_tokens,
+                                         bool exact_total, bool paged, int64_t swa_page_size,
+                                         int64_t ring_size) {
+  const World world = check_world(req_pool_indices, req_to_token, full_to_state, swa_page_size,
+                                  ring_size, !paged);
+  const Lengths len = check_lengths_view(seq_lens, extend_lens, world.batch);
+  if (len.batch == 0) return;
+  // validation.check_prefill_lengths (value part)
+  int64_t total = 0, longest = std::numeric_limits<int64_t>::min();
+  for (int64_t b = 0; b < len.batch; ++b) {
+    const int64_t e = len.extend_lens[b], s = len.seq_lens[b];
+    if (e <= 0 || e > s) {
+      TVM_FFI_THROW(ValueError) << "extend_lens: expected 0 < extend_lens[i] <= seq_lens[i] for "
+                                   "every request, got extend_lens["
+                                << b << "] = " << e << ", seq_lens[" << b << "] = " << s;
+    }
+    total += e;
+    longest = std::max(longest, s);
+  }
+  if (exact_total && total != num_q_tokens) {
+    TVM_FFI_THROW(ValueError) << "num_q_tokens: expected sum(extend_lens) = " << total << ", got "
+                              << num_q_tokens;
+  }
+  if (!exact_total && total > num_q_tokens) {
+    TVM_FFI_THROW(ValueError) << "num_q_tokens: expected >= sum(extend_lens) = " << total
+                              << " (padded token count), got " << num_q_tokens;
+  }
+  // validation.check_positions_in_table
+  if (longest > world.max_ctx) {
+    TVM_FFI_THROW(ValueError) << "seq_lens: expected values <= " << world.max_ctx
+                              << " (columns of req_to_token), got max " << longest;
+  }
+  raise_repeated_slots(world, len);
+  if (paged) raise_bad_state_locations(world, len);
 }
 
 template <int kRatio, bool kOnline>

@@ -272,26 +272,63 @@ def _location_cases():
     return [(name, dict(base, req_to_token=a, full_to_state=b)) for name, a, b in cases]
 
 
-@pytest.mark.parametrize("name,kwargs", _location_cases(), ids=[c[0] for c in _location_cases()])
-def test_native_location_check_raises_the_python_message(native: None, monkeypatch: pytest.MonkeyPatch, name: str,
-                                                         kwargs: dict) -> None:
-    """The native ``check_state_locations`` of an all-CPU paged C4 prefill raises exactly the
-    message of the PyTorch check (``validation.check_state_locations``), or nothing for both."""
+def _value_cases():
+    """(name, builder, kwargs): the location cases plus broken lengths and slots, for ``generate``
+    (paged C4, C128) and ``generate_online``."""
+    cases = [(f"c4_{name}", CompressorPrefillPlan.generate, kw) for name, kw in _location_cases()]
+    world = make_world(seed=6, slots=8, max_ctx=512)
+    base = dict(req_pool_indices=torch.tensor([1, 3, 2]), seq_lens=torch.tensor([300, 500, 9]),
+                extend_lens=torch.tensor([300, 20, 9]), req_to_token=world.req_to_token, num_q_tokens=329)
+    regular = dict(base, full_to_state=world.full_to_state, swa_page_size=256)
+    bad = [
+        ("fine", {}),
+        ("extend_gt_seq", dict(extend_lens=torch.tensor([300, 501, 9]), num_q_tokens=810)),
+        ("extend_zero", dict(extend_lens=torch.tensor([300, 0, 9]), num_q_tokens=309)),
+        ("total_mismatch", dict(num_q_tokens=330)),
+        ("seq_past_table", dict(seq_lens=torch.tensor([300, 513, 9]))),
+        ("repeated_slot", dict(req_pool_indices=torch.tensor([1, 3, 1]))),
+        ("padding_rows_share", dict(req_pool_indices=torch.tensor([0, 3, 0, 0, 0, 0]),
+                                    seq_lens=torch.tensor([1, 500, 1, 1, 1, 1]),
+                                    extend_lens=torch.tensor([1, 20, 1, 1, 1, 1]), num_q_tokens=25)),
+        ("padding_and_real_share", dict(req_pool_indices=torch.tensor([0, 3, 0, 0, 0, 0]),
+                                        seq_lens=torch.tensor([1, 500, 1, 1, 1, 9]),
+                                        extend_lens=torch.tensor([1, 20, 1, 1, 1, 9]), num_q_tokens=33)),
+        ("two_repeats_first_row_wins", dict(req_pool_indices=torch.tensor([5, 3, 3, 5]),
+                                            seq_lens=torch.tensor([1, 500, 9, 8]),
+                                            extend_lens=torch.tensor([1, 20, 9, 8]), num_q_tokens=38)),
+    ]
+    for name, change in bad:
+        cases.append((f"c4_{name}", CompressorPrefillPlan.generate, dict(regular, compress_ratio=4, ring_size=8, **change)))
+        cases.append((f"c128_{name}", CompressorPrefillPlan.generate,
+                      dict(regular, compress_ratio=128, ring_size=128, **change)))
+        cases.append((f"online_{name}", CompressorPrefillPlan.generate_online, dict(base, **change)))
+    return cases
+
+
+VALUE_CASES = _value_cases()
+
+
+@pytest.mark.parametrize("name,builder,kwargs", VALUE_CASES, ids=[c[0] for c in VALUE_CASES])
+def test_native_value_checks_raise_the_python_message(native: None, monkeypatch: pytest.MonkeyPatch, name: str,
+                                                      builder, kwargs: dict) -> None:
+    """The native value checks of an all-CPU prefill (``check_prefill_values``) raise exactly the
+    message of the PyTorch checks (``validation``), or nothing for both."""
     import flashcompress.plans as plans_mod
 
     def outcome(native_check: bool) -> str | None:
         with monkeypatch.context() as m:
             if not native_check:
-                m.setattr(plans_mod, "_native_location_check", lambda *a: False)
+                m.setattr(plans_mod, "_native_checks", lambda *a: None)
             try:
-                CompressorPrefillPlan.generate(**kwargs)
+                builder(**kwargs)
             except ValueError as exc:
                 return f"{type(exc).__name__}: {exc}"
         return None
 
     want = outcome(False)
     assert outcome(True) == want
-    assert (want is None) == (name in ("fine", "unread_entry_is_ignored")), want
+    fine = name.endswith(("fine", "unread_entry_is_ignored", "padding_rows_share"))
+    assert (want is None) == fine, want
 
 
 # ----------------------------------------------------------------------------- binding checks

@@ -26,17 +26,16 @@ def _empty(rows_bytes: int, device: torch.device) -> torch.Tensor:
     return torch.empty((0, rows_bytes), dtype=torch.uint8, device=device)
 
 
-def _native_location_check(req_pool_indices: torch.Tensor, req_to_token: torch.Tensor, full_to_state: torch.Tensor,
-                           seq: torch.Tensor, ext: torch.Tensor, swa_page_size: int, ring_size: int) -> bool:
-    """``V.check_state_locations`` of a paged C4 prefill with every tensor on the CPU, in the native
-    host planner (same ``ValueError`` messages); False where it is unavailable (check in PyTorch)."""
+_NO_TABLE = torch.empty(0, dtype=torch.int64)  # full_to_state of a plan that reads none (online)
+
+
+def _native_checks(ratio: int, online: bool):
+    """The native host planner module that runs the value checks of an all-CPU prefill plan
+    (``check_prefill_values``: the messages of ``validation``'s checks, in their order), or None
+    where it is unavailable (the checks run in PyTorch)."""
     from .cuda_ops import plan_host
 
-    module = plan_host.native_planner(4, False)
-    if module is None:
-        return False
-    module.check_state_locations(req_pool_indices, req_to_token, full_to_state, seq, ext, swa_page_size, ring_size)
-    return True
+    return plan_host.native_planner(ratio, online)
 
 
 class _PlanBase(V.PlanTuple):
@@ -250,15 +249,19 @@ class CompressorPrefillPlan(_PlanBase):
             V.fail("use_cuda_graph", "a bool", repr(use_cuda_graph), TypeError)
         V.check_ring(ratio, ring_size, swa_page_size, use_req_ring, ratio == 4 and not use_req_ring)
         host_lengths = seq.device.type == "cpu"
-        V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=host_lengths)
-        V.check_positions_in_table(seq, req_to_token)
-        V.check_distinct_requests(req_pool_indices, seq)
+        paged = ratio == 4 and not use_req_ring
+        # every tensor on the CPU: the value checks below run natively (same messages, same order)
+        native = _native_checks(ratio, False) if host_lengths and device.type == "cpu" else None
+        V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=host_lengths, values=native is None)
+        if native is not None:
+            native.check_prefill_values(req_pool_indices, req_to_token, full_to_state, seq, ext, num_q_tokens, True,
+                                        paged, swa_page_size, ring_size)
+        else:
+            V.check_positions_in_table(seq, req_to_token)
+            V.check_distinct_requests(req_pool_indices, seq)
         # The state locations are values of the world tensors (req_to_token, full_to_state): checked where
         # those live on the CPU (or in debug mode), whatever device the lengths are on.
-        if ratio == 4 and not use_req_ring and batch and req_pool_indices.is_cpu and _native_location_check(
-                req_pool_indices, req_to_token, full_to_state, seq, ext, swa_page_size, ring_size):
-            pass  # checked natively (the same messages), no PyTorch ops
-        elif ratio == 4 and not use_req_ring and batch and V.wants_value_checks(req_pool_indices):
+        if native is None and paged and batch and V.wants_value_checks(req_pool_indices):
             # the planner reads positions [prefix - 4, seq) of each request (overlap window included)
             first = (seq - ext - ratio).clamp(min=0)
             count = seq - first
@@ -333,9 +336,14 @@ class CompressorPrefillPlan(_PlanBase):
         V.check_slot_offset(state_slot_offset, req_to_token)
         # Online segments are cut on the host (a sync if the lengths live on the GPU, as in the peer).
         seq, ext = seq.cpu(), ext.cpu()
-        V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=True)
-        V.check_positions_in_table(seq, req_to_token)
-        V.check_distinct_requests(req_pool_indices, seq)
+        native = _native_checks(128, True) if device.type == "cpu" else None
+        V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=True, values=native is None)
+        if native is not None:  # every tensor on the CPU: the value checks natively (same messages)
+            native.check_prefill_values(req_pool_indices, req_to_token, _NO_TABLE, seq, ext, num_q_tokens, True,
+                                        False, 1, 1)
+        else:
+            V.check_positions_in_table(seq, req_to_token)
+            V.check_distinct_requests(req_pool_indices, seq)
         if batch == 0 or num_q_tokens == 0:
             return CompressorPrefillPlan(
                 128, _empty(PLAN_ROW_BYTES, device), _empty(PLAN_ROW_BYTES, device), is_online=True
