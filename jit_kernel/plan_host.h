@@ -290,37 +290,56 @@ inline Fault online_stage1(const int64_t* rids, int64_t batch, int64_t offset, C
 
 struct LocationCheck {
   int64_t lo = 0, hi = -1;  // range of the full locs read (hi < lo: nothing read)
-  int64_t bad_b = -1;       // first (b, p) with a bad SWA loc among in-range full locs, or -1
+  int64_t bad_b = -1;       // first (b, p) with a bad SWA loc (all full locs in range), or -1
   int64_t bad_p = 0, bad_full = 0, bad_swa = 0, bad_row = 0;
 };
 
-// Assumes rids in [0, slots) and seq <= max_ctx (the API checks both first).
+// Assumes rids in [0, slots) and seq <= max_ctx (the API checks both first). Two passes: the
+// range of the full locs (a plain min / max the compiler vectorises), then the SWA locs, each
+// tested against one bound below which every state row fits an int32; only SWA locs at or past
+// it (or negative) take the exact row arithmetic.
 inline LocationCheck check_state_locations(const World& w, const Lengths& len) {
   LocationCheck out;
   int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
   for (int64_t b = 0; b < len.batch; ++b) {
     const int64_t seq = len.seq_lens[b];
-    const int64_t first = std::max<int64_t>(seq - len.extend_lens[b] - 4, 0);
     const int32_t* locs = w.req_to_token + w.rids[b] * w.max_ctx;
-    for (int64_t p = first; p < seq; ++p) {
-      const int64_t full = locs[p];
-      lo = std::min(lo, full);
-      hi = std::max(hi, full);
-      if (out.bad_b >= 0 || full < 0 || full >= w.full_len) continue;
-      const int64_t swa = w.full_to_state[full];
-      const int64_t row = swa_state_row(w, swa);
-      if (swa < 0 || row > std::numeric_limits<int32_t>::max()) {
-        out.bad_b = b;
-        out.bad_p = p;
-        out.bad_full = full;
-        out.bad_swa = swa;
-        out.bad_row = row;
-      }
+    int32_t lo_b = std::numeric_limits<int32_t>::max(), hi_b = std::numeric_limits<int32_t>::min();
+    for (int64_t p = std::max<int64_t>(seq - len.extend_lens[b] - 4, 0); p < seq; ++p) {
+      lo_b = std::min(lo_b, locs[p]);
+      hi_b = std::max(hi_b, locs[p]);
+    }
+    if (lo_b <= hi_b) {
+      lo = std::min<int64_t>(lo, lo_b);
+      hi = std::max<int64_t>(hi, hi_b);
     }
   }
-  if (lo <= hi) {
-    out.lo = lo;
-    out.hi = hi;
+  if (lo > hi) return out;  // nothing read
+  out.lo = lo;
+  out.hi = hi;
+  if (lo < 0 || hi >= w.full_len) return out;
+
+  constexpr int64_t kRowMax = std::numeric_limits<int32_t>::max();
+  const int64_t ring = w.ring_size.d;
+  // SWA locs in [0, safe) have page index <= (kRowMax - ring + 1) / ring: row <= kRowMax
+  const uint64_t safe = static_cast<uint64_t>((kRowMax - ring + 1) / ring + 1) *
+                        static_cast<uint64_t>(w.swa_page_size.d);
+  for (int64_t b = 0; b < len.batch; ++b) {
+    const int64_t seq = len.seq_lens[b];
+    const int32_t* locs = w.req_to_token + w.rids[b] * w.max_ctx;
+    for (int64_t p = std::max<int64_t>(seq - len.extend_lens[b] - 4, 0); p < seq; ++p) {
+      const int64_t swa = w.full_to_state[locs[p]];
+      if (static_cast<uint64_t>(swa) < safe) continue;  // negative locs wrap above `safe`
+      const int64_t row = swa_state_row(w, swa);
+      if (swa < 0 || row > kRowMax) {
+        out.bad_b = b;
+        out.bad_p = p;
+        out.bad_full = locs[p];
+        out.bad_swa = swa;
+        out.bad_row = row;
+        return out;
+      }
+    }
   }
   return out;
 }
