@@ -415,6 +415,16 @@ def test_fallback_without_compiler_is_said_and_gives_the_same_bytes(private_env:
     with warnings.catch_warnings():
         warnings.simplefilter("error", HostPlannerFallbackWarning)  # said once per variant, not per call
         again = _generate_c4()
+        # the value checks fall back to PyTorch with the same messages
+        world = make_world(seed=3, slots=8, max_ctx=1024)
+        with pytest.raises(ValueError, match=r"extend_lens: expected 0 < extend_lens\[i\] <= seq_lens\[i\]"):
+            CompressorPrefillPlan.generate(4, torch.tensor([1, 2]), torch.tensor([300, 20]), torch.tensor([300, 21]),
+                                           world.req_to_token, world.full_to_state, 256, 8, 321)
+        bad_f2s = world.full_to_state.clone()
+        bad_f2s[int(world.req_to_token[2, 519])] = -1
+        with pytest.raises(ValueError, match=r"full_to_state: expected an SWA loc >= 0"):
+            CompressorPrefillPlan.generate(4, torch.tensor([1, 2]), torch.tensor([300, 520]), torch.tensor([300, 20]),
+                                           world.req_to_token, bad_f2s, 256, 8, 320)
     monkeypatch.setenv("FLASHCOMPRESS_BACKEND", "torch")
     reset_engine()
     with warnings.catch_warnings():

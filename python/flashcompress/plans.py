@@ -35,7 +35,7 @@ def _native_checks(ratio: int, online: bool):
     where it is unavailable (the checks run in PyTorch)."""
     from .cuda_ops import plan_host
 
-    return plan_host.native_planner(ratio, online)
+    return plan_host.native_planner(ratio, online, stacklevel=4)  # warns at generate's caller
 
 
 class _PlanBase(V.PlanTuple):

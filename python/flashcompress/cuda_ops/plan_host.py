@@ -67,9 +67,10 @@ PLAN_HOST = register_family(
 _NATIVE: dict[tuple[int, bool], Any] = module_memo()  # (ratio, online) -> module, or None: PyTorch
 
 
-def native_planner(ratio: int, online: bool) -> Any | None:
+def native_planner(ratio: int, online: bool, *, stacklevel: int = 5) -> Any | None:
     """The loaded ``plan_host`` module of ``(ratio, online)``, or None when stage 0 runs in PyTorch
-    (``backend = "torch"``, or the module is unavailable: warned once, see the module docstring)."""
+    (``backend = "torch"``, or the module is unavailable: warned once, see the module docstring).
+    ``stacklevel``: the warning's, counted from here (the default fits the planner functions)."""
     memo_key = (ratio, online)
     try:
         return _NATIVE[memo_key]
@@ -86,7 +87,7 @@ def native_planner(ratio: int, online: bool) -> Any | None:
                 f"flashcompress: the native host planner plan_host(ratio={ratio}, online={online}) is unavailable, "
                 f"so prefill stage 0 with host lengths runs in PyTorch (same bytes, more host time): "
                 f"{type(exc).__name__}: {exc}\nSet FLASHCOMPRESS_BACKEND=torch to choose the PyTorch planner "
-                f"without this warning.", HostPlannerFallbackWarning, stacklevel=5)  # the generate call
+                f"without this warning.", HostPlannerFallbackWarning, stacklevel=stacklevel)  # the generate call
     _NATIVE[memo_key] = module
     return module
 
