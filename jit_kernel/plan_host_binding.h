@@ -21,6 +21,12 @@
 //                             ring_size, use_req_ring)
 //     online:  prefill_stage1(plan_c u8[C,16], plan_w u8[W,16], req_pool_indices i64[B],
 //                             state_slot_offset)
+//   prefill_plan: prefill_stage0's arguments, then stage 1's tables, in one call (stage 1 runs on
+//   the rows stage 0 wrote); returns (num_c, num_w):
+//     regular: prefill_plan(plan_c, plan_w, seq_lens, extend_lens, req_pool_indices, req_to_token,
+//                           full_to_state, swa_page_size, ring_size, use_req_ring, pad)
+//     online:  prefill_plan(plan_c, plan_w, seq_lens, extend_lens, req_pool_indices,
+//                           state_slot_offset, pad)
 //   Every lookup is bounds-checked (batch index < B; paged: slot < S, position < L, full loc
 //   < F): a stage-0 row or table that breaks one is a ValueError naming the row, and rows
 //   before it are already resolved (the API checks the tables first, so this never fires
@@ -325,6 +331,22 @@ struct PlanHostBinding<kRatio, false> {
     raise_fault(regular_stage1<kRatio>(world, static_cast<CompressPlan*>(plan_c.data_ptr()), rows_c,
                                        static_cast<WritePlan*>(plan_w.data_ptr()), rows_w));
   }
+
+  // Stage 0 then stage 1 on the rows it wrote, in one call (an all-CPU plan).
+  static tvm::ffi::Shape prefill_plan(TensorView plan_c, TensorView plan_w, TensorView seq_lens,
+                                      TensorView extend_lens, TensorView req_pool_indices,
+                                      TensorView req_to_token, TensorView full_to_state,
+                                      int64_t swa_page_size, int64_t ring_size, bool use_req_ring,
+                                      bool pad) {
+    const World world = check_world(req_pool_indices, req_to_token, full_to_state, swa_page_size,
+                                    ring_size, kRatio != 4 || use_req_ring);
+    const tvm::ffi::Shape counts = prefill_stage0(plan_c, plan_w, seq_lens, extend_lens,
+                                                  swa_page_size, ring_size, use_req_ring, pad);
+    raise_fault(regular_stage1<kRatio>(world, static_cast<CompressPlan*>(plan_c.data_ptr()),
+                                       counts[0], static_cast<WritePlan*>(plan_w.data_ptr()),
+                                       counts[1]));
+    return counts;
+  }
 };
 
 template <>
@@ -351,6 +373,23 @@ struct PlanHostBinding<128, true> {
                             static_cast<CompressPlan*>(plan_w.data_ptr()), rows_w);
     if (f.kind != Fault::kNone) f.row += rows_c;
     raise_fault(f);
+  }
+
+  // Stage 0 then stage 1 on the rows it wrote, in one call (an all-CPU plan).
+  static tvm::ffi::Shape prefill_plan(TensorView plan_c, TensorView plan_w, TensorView seq_lens,
+                                      TensorView extend_lens, TensorView req_pool_indices,
+                                      int64_t state_slot_offset, bool pad) {
+    check_host_tensor(req_pool_indices, "req_pool_indices", chk::kInt64, 1);
+    const tvm::ffi::Shape counts = prefill_stage0(plan_c, plan_w, seq_lens, extend_lens, pad);
+    const auto* rids = static_cast<const int64_t*>(req_pool_indices.data_ptr());
+    const int64_t batch = req_pool_indices.size(0);
+    raise_fault(online_stage1(rids, batch, state_slot_offset,
+                              static_cast<CompressPlan*>(plan_c.data_ptr()), counts[0]));
+    Fault f = online_stage1(rids, batch, state_slot_offset,
+                            static_cast<CompressPlan*>(plan_w.data_ptr()), counts[1]);
+    if (f.kind != Fault::kNone) f.row += counts[0];
+    raise_fault(f);
+    return counts;
   }
 };
 

@@ -13,8 +13,9 @@ The family is host-only (``Family.host_only``): its modules are built by the JIT
 every other variant, but with the host C++ compiler alone (no nvcc, no GPU runtime; target
 ``host:<machine>``), so they build and run on a machine without CUDA.  Variants: ``ratio`` in
 {4, 128} x ``online`` (online only with ratio 128), each exporting ``prefill_stage0`` and
-``prefill_stage1`` and ``check_state_locations`` (the API's paged-C4 value check, same
-messages; signatures in jit_kernel/plan_host_binding.h).
+``prefill_stage1``, ``prefill_plan`` (both stages in one call), ``check_state_locations`` and
+``check_prefill_values`` (the API's value checks of an all-CPU prefill, same messages and order;
+signatures in jit_kernel/plan_host_binding.h).
 
 Bytes: identical to ``torch_backend.plans.prefill_stage0`` / ``online_prefill_stage0`` (the
 reference) for every input, padded with the sentinel rows of ``layouts`` when asked.
@@ -55,7 +56,7 @@ PLAN_HOST = register_family(
     Family(
         "plan_host",
         sources=(("plan_host_binding.cpp.j2", "binding.cpp"),),
-        exports=("prefill_stage0", "prefill_stage1", "check_state_locations"),
+        exports=("prefill_stage0", "prefill_stage1", "prefill_plan", "check_state_locations", "check_prefill_values"),
         space={"ratio": (4, 128), "online": (False, True)},
         host_only=True,
     ),
@@ -187,13 +188,12 @@ def cpu_prefill_plan(
     module = native_planner(ratio, False)
     if module is None:
         return None
-    plan_c, plan_w = _stage0(
-        module, (seq_lens, extend_lens, int(swa_page_size), int(ring_size), bool(use_req_ring)), None,  # type: ignore[arg-type]
-        num_q_tokens, WRITE_ROW_BYTES, INVALID_WRITE_ROW, bool(use_cuda_graph), False,
-    )
-    module.prefill_stage1(plan_c, plan_w, req_pool_indices, req_to_token, full_to_state, int(swa_page_size),
-                          int(ring_size), bool(use_req_ring))
-    return plan_c, plan_w
+    plan_c = _host_rows(num_q_tokens, PLAN_ROW_BYTES, False)
+    plan_w = _host_rows(num_q_tokens, WRITE_ROW_BYTES, False)
+    num_c, num_w = module.prefill_plan(plan_c, plan_w, seq_lens, extend_lens, req_pool_indices, req_to_token,
+                                       full_to_state, int(swa_page_size), int(ring_size), bool(use_req_ring),
+                                       bool(use_cuda_graph))
+    return (plan_c, plan_w) if use_cuda_graph else (plan_c[:num_c], plan_w[:num_w])
 
 
 def cpu_online_prefill_plan(
@@ -209,7 +209,8 @@ def cpu_online_prefill_plan(
     module = native_planner(128, True)
     if module is None:
         return None
-    plan_c, plan_w = _stage0(module, (seq_lens, extend_lens), None,  # type: ignore[arg-type]
-                             num_q_tokens, PLAN_ROW_BYTES, INVALID_COMPRESS_ROW, bool(use_cuda_graph), False)
-    module.prefill_stage1(plan_c, plan_w, req_pool_indices, int(state_slot_offset))
-    return plan_c, plan_w
+    plan_c = _host_rows(num_q_tokens, PLAN_ROW_BYTES, False)
+    plan_w = _host_rows(num_q_tokens, PLAN_ROW_BYTES, False)
+    num_c, num_w = module.prefill_plan(plan_c, plan_w, seq_lens, extend_lens, req_pool_indices,
+                                       int(state_slot_offset), bool(use_cuda_graph))
+    return (plan_c, plan_w) if use_cuda_graph else (plan_c[:num_c], plan_w[:num_w])
