@@ -6,8 +6,11 @@ from host lengths (an engine's eager prefill) for 8192 tokens / 4 requests and 3
 addressing mode: ``torch s0 us`` the PyTorch stage 0 (``torch_backend.plans``), ``native s0 us``
 the native host planner (``cuda_ops.plan_host``, C++ built by the JIT engine, rows written
 straight into fresh host tensors), and the whole ``generate`` / ``generate_online`` wall clock
-with every tensor on the CPU with either stage 0 (``FLASHCOMPRESS_BACKEND=torch`` selects the
-PyTorch one). Medians of ``--iters`` calls; the bytes of both stage-0 paths are compared.
+with every tensor on the CPU: ``api torch us`` all in PyTorch (``FLASHCOMPRESS_BACKEND=torch``:
+value checks, stage 0 and stage 1 as torch CPU ops), ``api native us`` the default path (value
+checks, stage 0 and stage 1 in the native host planner, Python checks of types and shapes only).
+Medians of ``--iters`` calls; the bytes of both stage-0 paths and of both ``generate`` paths
+are compared.
 
 GPU table:
 
@@ -293,7 +296,7 @@ def bench_host(args) -> None:
     rng = random.Random(3)
     r2t, f2s = make_world(slots=64, max_ctx=16384, seed=3, device=torch.device("cpu"))
     print(f"{'case':<18} {'mode':<13} {'torch s0 us':>11} {'native s0 us':>12} {'x':>6} "
-          f"{'api torch-s0 us':>15} {'api native us':>13}")
+          f"{'api torch us':>15} {'api native us':>13}")
     print("-" * 94)
     for tokens, batch in HOST_CASES:
         rids = torch.tensor(rng.sample(range(1, r2t.shape[0]), batch))
@@ -315,6 +318,11 @@ def bench_host(args) -> None:
                     check(f"host stage 0 {tokens}/{batch} {mode} {name}", got, want)
             if plan_host.native_planner(ratio, online) is None:
                 raise SystemExit("the native host planner is unavailable here (see the warning above)")
+            if args.check:
+                with torch_stage0():
+                    want = api()
+                for name, got, ref_rows in zip(("plan_c", "plan_w"), api()[1:], want[1:]):
+                    check(f"generate {tokens}/{batch} {mode} {name}", got, ref_rows)
             torch_us, native_us = median_us(ref, args.iters), median_us(nat, args.iters)
             api_iters = max(5, args.iters // 4)
             with torch_stage0():

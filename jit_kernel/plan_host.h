@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "plan.cuh"
 
@@ -160,6 +161,187 @@ inline Counts online_stage0(const Lengths& len, CompressPlan* plan_c, CompressPl
     base += seq - prefix;
   }
   return {out_c - plan_c, out_w - plan_w};
+}
+
+// ----------------------------------------------------------------------------- stage 1
+// The bytes of torch_backend.plans.prefill_stage1 / online_prefill_stage1 for host tensors, in
+// place. Every row is visited; sentinel rows (seq_len / ragged word 0xFFFFFFFF) stay as they
+// are, and so do regular compress rows with buffer_len 0 (they read no state).
+//
+// State rows (spec §2.3): request ring rid * ring + p % ring; paged SWA
+// swa = full_to_state[req_to_token[rid, p]], row = (swa / page) * ring + swa % ring, with C
+// (truncating) division as in the reference; i32 fields take the low 32 bits.
+
+// x / d and x % d with C truncation; shifts and masks when d is a power of two and x >= 0 (the
+// common case: SWA pages of 256, rings of 8 / 16 / 128), a hardware division otherwise.
+struct Divisor {
+  int64_t d = 1;
+  int shift = -1;  // log2(d) when d is a power of two, else -1
+
+  Divisor() = default;
+  explicit Divisor(int64_t value) : d(value) {
+    if (value > 0 && (value & (value - 1)) == 0) {
+      shift = 0;
+      while ((int64_t{1} << shift) != value) ++shift;
+    }
+  }
+  int64_t quo(int64_t x) const { return shift >= 0 && x >= 0 ? x >> shift : x / d; }
+  int64_t rem(int64_t x) const { return shift >= 0 && x >= 0 ? x & (d - 1) : x % d; }
+};
+
+// The tables stage 1 reads (host memory, contiguous).
+struct World {
+  const int64_t* rids;          // [batch]
+  int64_t batch;
+  const int32_t* req_to_token;  // [slots, max_ctx]
+  int64_t slots, max_ctx;
+  const int64_t* full_to_state;  // [full_len]
+  int64_t full_len;
+  Divisor swa_page_size, ring_size;
+  bool req_ring;
+};
+
+// State row of SWA loc `swa` (paged addressing). swa_page_size is a multiple of ring_size (the
+// API checks it), so the product does not overflow.
+inline int64_t swa_state_row(const World& w, int64_t swa) {
+  return w.swa_page_size.quo(swa) * w.ring_size.d + w.ring_size.rem(swa);
+}
+
+// The first lookup stage 1 could not make (memory safety; the API's checks rule these out).
+struct Fault {
+  enum Kind { kNone, kBatch, kSlot, kPosition, kFullLoc } kind = kNone;
+  int64_t row = -1;    // plan row
+  int64_t value = 0;   // the offending batch index / slot / position / full loc
+};
+
+// State row of (batch index b, position p), or a fault in `fault` (then the result is 0).
+inline int64_t state_row(const World& w, int64_t b, int64_t p, int64_t plan_row, Fault& fault) {
+  if (b < 0 || b >= w.batch) {
+    fault = {Fault::kBatch, plan_row, b};
+    return 0;
+  }
+  const int64_t rid = w.rids[b];
+  if (w.req_ring) return rid * w.ring_size.d + w.ring_size.rem(p);
+  if (rid < 0 || rid >= w.slots) {
+    fault = {Fault::kSlot, plan_row, rid};
+    return 0;
+  }
+  if (p < 0 || p >= w.max_ctx) {
+    fault = {Fault::kPosition, plan_row, p};
+    return 0;
+  }
+  const int64_t full = w.req_to_token[rid * w.max_ctx + p];
+  if (full < 0 || full >= w.full_len) {
+    fault = {Fault::kFullLoc, plan_row, full};
+    return 0;
+  }
+  return swa_state_row(w, w.full_to_state[full]);
+}
+
+// Regular stage 1 over `rows_c` compress rows and `rows_w` write rows; stops at the first fault.
+template <int64_t kRatio>
+Fault regular_stage1(const World& w, CompressPlan* plan_c, int64_t rows_c, WritePlan* plan_w,
+                     int64_t rows_w) {
+  Fault fault;
+  for (int64_t i = 0; i < rows_c; ++i) {
+    CompressPlan& row = plan_c[i];
+    if (row.seq_len == 0xFFFFFFFFu || row.buffer_len == 0) continue;
+    const int64_t b = row.read_page_1;
+    const int64_t p1 = static_cast<int64_t>(row.seq_len) - 1;
+    const int64_t p0 = std::max<int64_t>(p1 - kRatio, 0);
+    const int64_t r0 = state_row(w, b, p0, i, fault);
+    const int64_t r1 = state_row(w, b, p1, i, fault);
+    if (fault.kind != Fault::kNone) return fault;
+    row.read_page_0 = static_cast<int32_t>(r0 / kRatio);
+    row.read_page_1 = static_cast<int32_t>(r1 / kRatio);
+  }
+  for (int64_t i = 0; i < rows_w; ++i) {
+    WritePlan& row = plan_w[i];
+    const uint32_t packed = row.ragged_id;
+    if (packed == 0xFFFFFFFFu) continue;
+    const int64_t p = static_cast<int64_t>(row.write_loc) - 1;
+    const int64_t r = state_row(w, packed >> 16, p, rows_c + i, fault);
+    if (fault.kind != Fault::kNone) return fault;
+    row.ragged_id = packed & 0xFFFFu;
+    row.write_loc = static_cast<int32_t>(r);
+  }
+  return fault;
+}
+
+// Online stage 1 of one list: read_page_0 <- rid + offset (write slot), read_page_1 <- rid.
+inline Fault online_stage1(const int64_t* rids, int64_t batch, int64_t offset, CompressPlan* plan,
+                           int64_t rows) {
+  for (int64_t i = 0; i < rows; ++i) {
+    CompressPlan& row = plan[i];
+    if (row.seq_len == 0xFFFFFFFFu) continue;
+    const int64_t b = row.read_page_0;
+    if (b < 0 || b >= batch) return {Fault::kBatch, i, b};
+    const int64_t rid = rids[b];
+    row.read_page_0 = static_cast<int32_t>(rid + offset);
+    row.read_page_1 = static_cast<int32_t>(rid);
+  }
+  return {};
+}
+
+// ----------------------------------------------------------------------------- value checks
+// validation.check_state_locations for a paged C4 prefill, over the positions the planner reads:
+// [max(seq - extend - 4, 0), seq) of each request, batch-major. Their full locs must lie in
+// [0, full_len); the SWA locs found there must be >= 0 with a state row that fits an int32.
+
+struct LocationCheck {
+  int64_t lo = 0, hi = -1;  // range of the full locs read (hi < lo: nothing read)
+  int64_t bad_b = -1;       // first (b, p) with a bad SWA loc (all full locs in range), or -1
+  int64_t bad_p = 0, bad_full = 0, bad_swa = 0, bad_row = 0;
+};
+
+// Assumes rids in [0, slots) and seq <= max_ctx (the API checks both first). Two passes: the
+// range of the full locs (a plain min / max the compiler vectorises), then the SWA locs, each
+// tested against one bound below which every state row fits an int32; only SWA locs at or past
+// it (or negative) take the exact row arithmetic.
+inline LocationCheck check_state_locations(const World& w, const Lengths& len) {
+  LocationCheck out;
+  int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
+  for (int64_t b = 0; b < len.batch; ++b) {
+    const int64_t seq = len.seq_lens[b];
+    const int32_t* locs = w.req_to_token + w.rids[b] * w.max_ctx;
+    int32_t lo_b = std::numeric_limits<int32_t>::max(), hi_b = std::numeric_limits<int32_t>::min();
+    for (int64_t p = std::max<int64_t>(seq - len.extend_lens[b] - 4, 0); p < seq; ++p) {
+      lo_b = std::min(lo_b, locs[p]);
+      hi_b = std::max(hi_b, locs[p]);
+    }
+    if (lo_b <= hi_b) {
+      lo = std::min<int64_t>(lo, lo_b);
+      hi = std::max<int64_t>(hi, hi_b);
+    }
+  }
+  if (lo > hi) return out;  // nothing read
+  out.lo = lo;
+  out.hi = hi;
+  if (lo < 0 || hi >= w.full_len) return out;
+
+  constexpr int64_t kRowMax = std::numeric_limits<int32_t>::max();
+  const int64_t ring = w.ring_size.d;
+  // SWA locs in [0, safe) have page index <= (kRowMax - ring + 1) / ring: row <= kRowMax
+  const uint64_t safe = static_cast<uint64_t>((kRowMax - ring + 1) / ring + 1) *
+                        static_cast<uint64_t>(w.swa_page_size.d);
+  for (int64_t b = 0; b < len.batch; ++b) {
+    const int64_t seq = len.seq_lens[b];
+    const int32_t* locs = w.req_to_token + w.rids[b] * w.max_ctx;
+    for (int64_t p = std::max<int64_t>(seq - len.extend_lens[b] - 4, 0); p < seq; ++p) {
+      const int64_t swa = w.full_to_state[locs[p]];
+      if (static_cast<uint64_t>(swa) < safe) continue;  // negative locs wrap above `safe`
+      const int64_t row = swa_state_row(w, swa);
+      if (swa < 0 || row > kRowMax) {
+        out.bad_b = b;
+        out.bad_p = p;
+        out.bad_full = locs[p];
+        out.bad_swa = swa;
+        out.bad_row = row;
+        return out;
+      }
+    }
+  }
+  return out;
 }
 
 // Rows [from, to) of a list become sentinels (CUDA-graph padding).

@@ -216,7 +216,7 @@ def test_plans_prints_the_host_stage0_table(runs):
     proc, _ = runs["plans"]
     assert proc.returncode == 0, proc.stderr[-3000:]
     head, rows = _table(proc.stdout, "case")
-    for col in ("torch s0 us", "native s0 us", "api torch-s0 us", "api native us"):
+    for col in ("torch s0 us", "native s0 us", "api torch us", "api native us"):
         assert col in head, f"column {col!r} missing from {head!r}"
     for size in ("8192 tok / 4 req", "32768 tok / 8 req"):
         modes = [r.split()[5] for r in rows if r.startswith(size)]

@@ -157,6 +157,180 @@ def test_golden_prefill_plans_through_the_native_planner(native: None, path: str
     assert native_planner(128 if online or "c128" in path else 4, online) is not None
 
 
+# ----------------------------------------------------------------------------- stage 1 (CPU plans)
+
+
+def _stage1_reference(mode, c0: torch.Tensor, w0: torch.Tensor, rids: torch.Tensor, world, page: int,
+                      offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if mode == "online":
+        return tp.online_prefill_stage1(c0, rids, offset), tp.online_prefill_stage1(w0, rids, offset)
+    ratio, ring, req_ring = mode
+    return tp.prefill_stage1(ratio, c0, w0, rids, world.req_to_token, world.full_to_state, page, ring, req_ring)
+
+
+@pytest.mark.parametrize("mode", MODES + ["online"], ids=lambda m: m if m == "online" else mode_id(m))
+def test_native_stage1_matches_pytorch(native: None, mode) -> None:
+    """The native stage 1 over PyTorch stage-0 rows (exact and padded; small SWA pages) gives the
+    bytes of the PyTorch stage 1, in place."""
+    world = make_world(seed=11)
+    rng = random.Random(f"s1{mode}")
+    online = mode == "online"
+    ratio, ring, req_ring = (128, 1, True) if online else mode
+    module = native_planner(ratio, online)
+    for case in range(60):
+        rids, seq, ext = random_batch(rng, world, rng.randint(1, 8), rng.choice([1, 5, 130, 700]))
+        page = 256 if online or req_ring or ratio != 4 or rng.random() < 0.6 else ring * rng.choice([1, 2, 32])
+        pad_to = int(ext.sum()) + rng.choice([0, 3]) if rng.random() < 0.4 else None
+        c0, w0 = reference_stage0(ratio, online, seq, ext, page, ring, req_ring, pad_to)
+        offset = rng.choice([0, 50])
+        want_c, want_w = _stage1_reference(mode, c0, w0, rids, world, page, offset)
+        got_c, got_w = c0.clone(), w0.clone()
+        if online:
+            module.prefill_stage1(got_c, got_w, rids, offset)
+        else:
+            module.prefill_stage1(got_c, got_w, rids, world.req_to_token, world.full_to_state, page, ring, req_ring)
+        what = f"{mode} case {case} page {page} pad {pad_to} seq {seq.tolist()} ext {ext.tolist()}"
+        assert_plan_bytes(got_c, want_c, f"{what} plan_c")
+        assert_plan_bytes(got_w, want_w, f"{what} plan_w", "compress" if online else "write")
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["exact", "graph_padded"])
+@pytest.mark.parametrize("mode", MODES + ["online"], ids=lambda m: m if m == "online" else mode_id(m))
+def test_cpu_generate_is_all_native_and_matches_pytorch(native: None, monkeypatch: pytest.MonkeyPatch, mode,
+                                                        graph: bool) -> None:
+    """``generate`` / ``generate_online`` with every tensor on the CPU take both stages from the
+    native planner (the PyTorch stage 1 is not called) and give the all-PyTorch bytes."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the PyTorch planner ran for an all-CPU plan")
+
+    world = make_world(seed=5)
+    rng = random.Random(f"cpu{mode}{graph}")
+    for trial in range(10):
+        rids, seq, ext = random_batch(rng, world, rng.randint(1, 12), rng.choice([3, 40, 700]))
+        num_q = int(ext.sum())
+        want_c, want_w = pure_pytorch_plan(mode, rids, seq, ext, world, graph)
+        with monkeypatch.context() as m:
+            for name in ("prefill_stage1", "online_prefill_stage1", "prefill_plan", "online_prefill_plan"):
+                m.setattr(tp, name, forbidden)
+            if mode == "online":
+                plan = CompressorPrefillPlan.generate_online(seq, ext, rids, world.req_to_token, num_q, graph, 7)
+            else:
+                ratio, ring, req_ring = mode
+                plan = CompressorPrefillPlan.generate(ratio, rids, seq, ext, world.req_to_token, world.full_to_state,
+                                                      256, ring, num_q, graph, req_ring)
+        assert plan[1].is_cpu and plan[2].is_cpu
+        assert_plan_bytes(plan[1], want_c, f"{mode} trial {trial} plan_c")
+        assert_plan_bytes(plan[2], want_w, f"{mode} trial {trial} plan_w", "compress" if mode == "online" else "write")
+
+
+def test_native_stage1_rejects_out_of_range_lookups(native: None) -> None:
+    """A stage-0 row or table that points outside its tensor is a named error, not a wild read."""
+    world = make_world(seed=2, slots=4, max_ctx=512)
+    seq, ext = torch.tensor([300]), torch.tensor([300])
+    c0, w0 = tp.prefill_stage0(4, seq, ext, 256, 8, False)
+    module = native_planner(4, False)
+    with pytest.raises(ValueError, match="a batch index in"):
+        module.prefill_stage1(c0.clone(), w0.clone(), torch.empty(0, dtype=torch.int64), world.req_to_token,
+                              world.full_to_state, 256, 8, False)
+    with pytest.raises(ValueError, match="a request slot in"):
+        module.prefill_stage1(c0.clone(), w0.clone(), torch.tensor([9]), world.req_to_token, world.full_to_state,
+                              256, 8, False)
+    with pytest.raises(ValueError, match="a position in"):
+        module.prefill_stage1(c0.clone(), w0.clone(), torch.tensor([1]), world.req_to_token[:, :100].contiguous(),
+                              world.full_to_state, 256, 8, False)
+    with pytest.raises(ValueError, match="a full loc in"):
+        module.prefill_stage1(c0.clone(), w0.clone(), torch.tensor([1]), world.req_to_token, world.full_to_state[:5],
+                              256, 8, False)
+    online = native_planner(128, True)
+    c0, w0 = tp.online_prefill_stage0(seq, ext)
+    with pytest.raises(ValueError, match="a batch index in"):
+        online.prefill_stage1(c0.clone(), w0.clone(), torch.empty(0, dtype=torch.int64), 0)
+
+
+def _location_cases():
+    """(name, kwargs) of paged-C4 prefills whose state locations break a rule (and one that is fine)."""
+    world = make_world(seed=4, slots=6, max_ctx=1024)
+    rids, seq, ext = torch.tensor([1, 3, 2]), torch.tensor([300, 520, 9]), torch.tensor([300, 20, 9])
+    base = dict(compress_ratio=4, req_pool_indices=rids, seq_lens=seq, extend_lens=ext, swa_page_size=256,
+                ring_size=8, num_q_tokens=329)
+    r2t, f2s = world.req_to_token, world.full_to_state
+    loc = lambda slot, pos: int(r2t[slot, pos])  # noqa: E731
+    cases = [("fine", r2t, f2s)]
+    for name, slot, pos, value in [("evicted", 3, 505, -1), ("evicted_prefix_read", 3, 497, -1),
+                                   ("evicted_first", 1, 0, -1), ("row_past_i32", 2, 4, 2**40),
+                                   ("two_bad_first_wins", 1, 7, -1)]:
+        bad = f2s.clone()
+        bad[loc(slot, pos)] = value
+        if name == "two_bad_first_wins":
+            bad[loc(3, 510)] = 2**40
+        cases.append((name, r2t, bad))
+    for name, value in [("full_loc_negative", -5), ("full_loc_past_end", f2s.shape[0] + 3)]:
+        bad_r2t = r2t.clone()
+        bad_r2t[3, 501] = value
+        cases.append((name, bad_r2t, f2s))
+    cases.append(("unread_entry_is_ignored", r2t, f2s.clone().index_fill_(0, torch.tensor([loc(3, 400)]), -1)))
+    return [(name, dict(base, req_to_token=a, full_to_state=b)) for name, a, b in cases]
+
+
+def _value_cases():
+    """(name, builder, kwargs): the location cases plus broken lengths and slots, for ``generate``
+    (paged C4, C128) and ``generate_online``."""
+    cases = [(f"c4_{name}", CompressorPrefillPlan.generate, kw) for name, kw in _location_cases()]
+    world = make_world(seed=6, slots=8, max_ctx=512)
+    base = dict(req_pool_indices=torch.tensor([1, 3, 2]), seq_lens=torch.tensor([300, 500, 9]),
+                extend_lens=torch.tensor([300, 20, 9]), req_to_token=world.req_to_token, num_q_tokens=329)
+    regular = dict(base, full_to_state=world.full_to_state, swa_page_size=256)
+    bad = [
+        ("fine", {}),
+        ("extend_gt_seq", dict(extend_lens=torch.tensor([300, 501, 9]), num_q_tokens=810)),
+        ("extend_zero", dict(extend_lens=torch.tensor([300, 0, 9]), num_q_tokens=309)),
+        ("total_mismatch", dict(num_q_tokens=330)),
+        ("seq_past_table", dict(seq_lens=torch.tensor([300, 513, 9]))),
+        ("repeated_slot", dict(req_pool_indices=torch.tensor([1, 3, 1]))),
+        ("padding_rows_share", dict(req_pool_indices=torch.tensor([0, 3, 0, 0, 0, 0]),
+                                    seq_lens=torch.tensor([1, 500, 1, 1, 1, 1]),
+                                    extend_lens=torch.tensor([1, 20, 1, 1, 1, 1]), num_q_tokens=25)),
+        ("padding_and_real_share", dict(req_pool_indices=torch.tensor([0, 3, 0, 0, 0, 0]),
+                                        seq_lens=torch.tensor([1, 500, 1, 1, 1, 9]),
+                                        extend_lens=torch.tensor([1, 20, 1, 1, 1, 9]), num_q_tokens=33)),
+        ("two_repeats_first_row_wins", dict(req_pool_indices=torch.tensor([5, 3, 3, 5]),
+                                            seq_lens=torch.tensor([1, 500, 9, 8]),
+                                            extend_lens=torch.tensor([1, 20, 9, 8]), num_q_tokens=38)),
+    ]
+    for name, change in bad:
+        cases.append((f"c4_{name}", CompressorPrefillPlan.generate, dict(regular, compress_ratio=4, ring_size=8, **change)))
+        cases.append((f"c128_{name}", CompressorPrefillPlan.generate,
+                      dict(regular, compress_ratio=128, ring_size=128, **change)))
+        cases.append((f"online_{name}", CompressorPrefillPlan.generate_online, dict(base, **change)))
+    return cases
+
+
+VALUE_CASES = _value_cases()
+
+
+@pytest.mark.parametrize("name,builder,kwargs", VALUE_CASES, ids=[c[0] for c in VALUE_CASES])
+def test_native_value_checks_raise_the_python_message(native: None, monkeypatch: pytest.MonkeyPatch, name: str,
+                                                      builder, kwargs: dict) -> None:
+    """The native value checks of an all-CPU prefill (``check_prefill_values``) raise exactly the
+    message of the PyTorch checks (``validation``), or nothing for both."""
+    import flashcompress.plans as plans_mod
+
+    def outcome(native_check: bool) -> str | None:
+        with monkeypatch.context() as m:
+            if not native_check:
+                m.setattr(plans_mod, "_native_checks", lambda *a: None)
+            try:
+                builder(**kwargs)
+            except ValueError as exc:
+                return f"{type(exc).__name__}: {exc}"
+        return None
+
+    want = outcome(False)
+    assert outcome(True) == want
+    fine = name.endswith(("fine", "unread_entry_is_ignored", "padding_rows_share"))
+    assert (want is None) == fine, want
+
+
 # ----------------------------------------------------------------------------- binding checks
 
 
@@ -241,6 +415,16 @@ def test_fallback_without_compiler_is_said_and_gives_the_same_bytes(private_env:
     with warnings.catch_warnings():
         warnings.simplefilter("error", HostPlannerFallbackWarning)  # said once per variant, not per call
         again = _generate_c4()
+        # the value checks fall back to PyTorch with the same messages
+        world = make_world(seed=3, slots=8, max_ctx=1024)
+        with pytest.raises(ValueError, match=r"extend_lens: expected 0 < extend_lens\[i\] <= seq_lens\[i\]"):
+            CompressorPrefillPlan.generate(4, torch.tensor([1, 2]), torch.tensor([300, 20]), torch.tensor([300, 21]),
+                                           world.req_to_token, world.full_to_state, 256, 8, 321)
+        bad_f2s = world.full_to_state.clone()
+        bad_f2s[int(world.req_to_token[2, 519])] = -1
+        with pytest.raises(ValueError, match=r"full_to_state: expected an SWA loc >= 0"):
+            CompressorPrefillPlan.generate(4, torch.tensor([1, 2]), torch.tensor([300, 520]), torch.tensor([300, 20]),
+                                           world.req_to_token, bad_f2s, 256, 8, 320)
     monkeypatch.setenv("FLASHCOMPRESS_BACKEND", "torch")
     reset_engine()
     with warnings.catch_warnings():

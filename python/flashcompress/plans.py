@@ -26,6 +26,18 @@ def _empty(rows_bytes: int, device: torch.device) -> torch.Tensor:
     return torch.empty((0, rows_bytes), dtype=torch.uint8, device=device)
 
 
+_NO_TABLE = torch.empty(0, dtype=torch.int64)  # full_to_state of a plan that reads none (online)
+
+
+def _native_checks(ratio: int, online: bool):
+    """The native host planner module that runs the value checks of an all-CPU prefill plan
+    (``check_prefill_values``: the messages of ``validation``'s checks, in their order), or None
+    where it is unavailable (the checks run in PyTorch)."""
+    from .cuda_ops import plan_host
+
+    return plan_host.native_planner(ratio, online, stacklevel=4)  # warns at generate's caller
+
+
 class _PlanBase(V.PlanTuple):
     """Tuple-like plan: ``plan[0]`` is the ratio, ``plan[1:]`` the plan tensors."""
 
@@ -237,12 +249,19 @@ class CompressorPrefillPlan(_PlanBase):
             V.fail("use_cuda_graph", "a bool", repr(use_cuda_graph), TypeError)
         V.check_ring(ratio, ring_size, swa_page_size, use_req_ring, ratio == 4 and not use_req_ring)
         host_lengths = seq.device.type == "cpu"
-        V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=host_lengths)
-        V.check_positions_in_table(seq, req_to_token)
-        V.check_distinct_requests(req_pool_indices, seq)
+        paged = ratio == 4 and not use_req_ring
+        # every tensor on the CPU: the value checks below run natively (same messages, same order)
+        native = _native_checks(ratio, False) if host_lengths and device.type == "cpu" else None
+        V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=host_lengths, values=native is None)
+        if native is not None:
+            native.check_prefill_values(req_pool_indices, req_to_token, full_to_state, seq, ext, num_q_tokens, True,
+                                        paged, swa_page_size, ring_size)
+        else:
+            V.check_positions_in_table(seq, req_to_token)
+            V.check_distinct_requests(req_pool_indices, seq)
         # The state locations are values of the world tensors (req_to_token, full_to_state): checked where
         # those live on the CPU (or in debug mode), whatever device the lengths are on.
-        if ratio == 4 and not use_req_ring and batch and V.wants_value_checks(req_pool_indices):
+        if native is None and paged and batch and V.wants_value_checks(req_pool_indices):
             # the planner reads positions [prefix - 4, seq) of each request (overlap window included)
             first = (seq - ext - ratio).clamp(min=0)
             count = seq - first
@@ -255,6 +274,13 @@ class CompressorPrefillPlan(_PlanBase):
             return CompressorPrefillPlan(
                 ratio, _empty(PLAN_ROW_BYTES, device), _empty(WRITE_ROW_BYTES, device), is_online=False
             )
+        if host_lengths and device.type == "cpu":  # an all-CPU plan: both stages in the native host planner
+            from .cuda_ops import plan_host
+
+            native = plan_host.cpu_prefill_plan(ratio, req_pool_indices, seq, ext, req_to_token, full_to_state,
+                                                swa_page_size, ring_size, num_q_tokens, use_cuda_graph, use_req_ring)
+            if native is not None:
+                return CompressorPrefillPlan(ratio, native[0], native[1], is_online=False)
         # Device-resident lengths (the CUDA-graph path) pad both lists to num_q_tokens on either backend.
         plan_c, plan_w = plans_backend(device).prefill_plan(
             ratio, req_pool_indices, seq, ext, req_to_token, full_to_state, swa_page_size, ring_size, num_q_tokens,
@@ -310,13 +336,25 @@ class CompressorPrefillPlan(_PlanBase):
         V.check_slot_offset(state_slot_offset, req_to_token)
         # Online segments are cut on the host (a sync if the lengths live on the GPU, as in the peer).
         seq, ext = seq.cpu(), ext.cpu()
-        V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=True)
-        V.check_positions_in_table(seq, req_to_token)
-        V.check_distinct_requests(req_pool_indices, seq)
+        native = _native_checks(128, True) if device.type == "cpu" else None
+        V.check_prefill_lengths(seq, ext, num_q_tokens, exact_total=True, values=native is None)
+        if native is not None:  # every tensor on the CPU: the value checks natively (same messages)
+            native.check_prefill_values(req_pool_indices, req_to_token, _NO_TABLE, seq, ext, num_q_tokens, True,
+                                        False, 1, 1)
+        else:
+            V.check_positions_in_table(seq, req_to_token)
+            V.check_distinct_requests(req_pool_indices, seq)
         if batch == 0 or num_q_tokens == 0:
             return CompressorPrefillPlan(
                 128, _empty(PLAN_ROW_BYTES, device), _empty(PLAN_ROW_BYTES, device), is_online=True
             )
+        if device.type == "cpu":  # an all-CPU plan: both stages in the native host planner
+            from .cuda_ops import plan_host
+
+            native = plan_host.cpu_online_prefill_plan(seq, ext, req_pool_indices, num_q_tokens, use_cuda_graph,
+                                                       state_slot_offset)
+            if native is not None:
+                return CompressorPrefillPlan(128, native[0], native[1], is_online=True)
         plan_c, plan_w = plans_backend(device).online_prefill_plan(
             seq, ext, req_pool_indices, num_q_tokens, use_cuda_graph, state_slot_offset
         )

@@ -311,16 +311,20 @@ def check_decode_lengths(seq_lens: torch.Tensor) -> None:
 
 
 def check_prefill_lengths(
-    seq_lens: torch.Tensor, extend_lens: torch.Tensor, num_q_tokens: object, *, exact_total: bool
+    seq_lens: torch.Tensor, extend_lens: torch.Tensor, num_q_tokens: object, *, exact_total: bool,
+    values: bool = True,
 ) -> int:
-    """num_q_tokens vs. extend_lens; 0 < extend <= seq per request."""
+    """num_q_tokens vs. extend_lens; 0 < extend <= seq per request.
+
+    ``values=False`` leaves out the checks that read the lengths (the caller runs them natively:
+    ``plans`` with every tensor on the CPU, ``plan_host``'s ``check_prefill_values``)."""
     batch = seq_lens.shape[0]
     check_int("num_q_tokens", num_q_tokens, minimum=0)
     if num_q_tokens > MAX_RAGGED_ID:  # type: ignore[operator]
         fail("num_q_tokens", f"<= {MAX_RAGGED_ID} (ragged ids are u16)", num_q_tokens)
     if num_q_tokens < batch:  # type: ignore[operator]
         fail("num_q_tokens", f">= batch size {batch}", num_q_tokens)
-    if batch and wants_value_checks(extend_lens):
+    if values and batch and wants_value_checks(extend_lens):
         # one Python pass over the two lists: cheaper than the four torch ops it replaces up to
         # thousands of requests (each torch CPU op costs a few µs)
         ext, seq = extend_lens.tolist(), seq_lens.tolist()

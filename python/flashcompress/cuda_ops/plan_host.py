@@ -4,14 +4,18 @@ When ``seq_lens`` / ``extend_lens`` live on the CPU (an engine's eager prefill),
 ``CompressorPrefillPlan.generate`` / ``generate_online`` (spec/compressor.md §4.2, §4.6) runs
 here, as compiled C++ (jit_kernel/plan_host.h), instead of as a sequence of PyTorch CPU ops.
 The rows are written straight into host tensors the caller then copies to its device (pinned
-ones for a GPU, so that the copy is asynchronous); stage 1 stays where it was (the plan kernel
-on a GPU, ``torch_backend.plans.prefill_stage1`` on the CPU).
+ones for a GPU, so that the copy is asynchronous).  When the plan stays on the CPU (every
+tensor a host tensor), stage 1 runs here too (``cpu_prefill_plan`` / ``cpu_online_prefill_plan``:
+the bytes of ``torch_backend.plans.prefill_stage1`` / ``online_prefill_stage1``, in place on the
+stage-0 rows); for a GPU plan stage 1 is the plan kernel.
 
 The family is host-only (``Family.host_only``): its modules are built by the JIT engine like
 every other variant, but with the host C++ compiler alone (no nvcc, no GPU runtime; target
 ``host:<machine>``), so they build and run on a machine without CUDA.  Variants: ``ratio`` in
-{4, 128} x ``online`` (online only with ratio 128), each exporting ``prefill_stage0``
-(signatures in jit_kernel/plan_host_binding.h).
+{4, 128} x ``online`` (online only with ratio 128), each exporting ``prefill_stage0`` and
+``prefill_stage1``, ``prefill_plan`` (both stages in one call), ``check_state_locations`` and
+``check_prefill_values`` (the API's value checks of an all-CPU prefill, same messages and order;
+signatures in jit_kernel/plan_host_binding.h).
 
 Bytes: identical to ``torch_backend.plans.prefill_stage0`` / ``online_prefill_stage0`` (the
 reference) for every input, padded with the sentinel rows of ``layouts`` when asked.
@@ -43,13 +47,16 @@ from ..torch_backend import plans as torch_plans
 from ..torch_backend.rows import pad_rows
 from .plans import _presets, _validate
 
-__all__ = ["HostPlannerFallbackWarning", "PLAN_HOST", "native_planner", "online_prefill_stage0", "prefill_stage0"]
+__all__ = [
+    "HostPlannerFallbackWarning", "PLAN_HOST", "cpu_online_prefill_plan", "cpu_prefill_plan", "native_planner",
+    "online_prefill_stage0", "prefill_stage0",
+]
 
 PLAN_HOST = register_family(
     Family(
         "plan_host",
         sources=(("plan_host_binding.cpp.j2", "binding.cpp"),),
-        exports=("prefill_stage0",),
+        exports=("prefill_stage0", "prefill_stage1", "prefill_plan", "check_state_locations", "check_prefill_values"),
         space={"ratio": (4, 128), "online": (False, True)},
         host_only=True,
     ),
@@ -61,9 +68,10 @@ PLAN_HOST = register_family(
 _NATIVE: dict[tuple[int, bool], Any] = module_memo()  # (ratio, online) -> module, or None: PyTorch
 
 
-def native_planner(ratio: int, online: bool) -> Any | None:
+def native_planner(ratio: int, online: bool, *, stacklevel: int = 5) -> Any | None:
     """The loaded ``plan_host`` module of ``(ratio, online)``, or None when stage 0 runs in PyTorch
-    (``backend = "torch"``, or the module is unavailable: warned once, see the module docstring)."""
+    (``backend = "torch"``, or the module is unavailable: warned once, see the module docstring).
+    ``stacklevel``: the warning's, counted from here (the default fits the planner functions)."""
     memo_key = (ratio, online)
     try:
         return _NATIVE[memo_key]
@@ -80,7 +88,7 @@ def native_planner(ratio: int, online: bool) -> Any | None:
                 f"flashcompress: the native host planner plan_host(ratio={ratio}, online={online}) is unavailable, "
                 f"so prefill stage 0 with host lengths runs in PyTorch (same bytes, more host time): "
                 f"{type(exc).__name__}: {exc}\nSet FLASHCOMPRESS_BACKEND=torch to choose the PyTorch planner "
-                f"without this warning.", HostPlannerFallbackWarning, stacklevel=5)  # the generate call
+                f"without this warning.", HostPlannerFallbackWarning, stacklevel=stacklevel)  # the generate call
     _NATIVE[memo_key] = module
     return module
 
@@ -157,3 +165,52 @@ def online_prefill_stage0(
         lambda: torch_plans.online_prefill_stage0(seq_lens, extend_lens),
         num_tokens, PLAN_ROW_BYTES, INVALID_COMPRESS_ROW, pad, pin_memory,
     )
+
+
+def cpu_prefill_plan(
+    ratio: int,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    req_to_token: torch.Tensor,
+    full_to_state: torch.Tensor,
+    swa_page_size: int,
+    ring_size: int,
+    num_q_tokens: int,
+    use_cuda_graph: bool,
+    use_req_ring: bool,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The final regular prefill plan ``(plan_c, plan_w)`` for CPU tensors, stage 0 and stage 1 native.
+
+    The bytes of ``torch_backend.plans.prefill_plan`` (same arguments; every tensor on the CPU,
+    validated by the API); None where the native planner is unavailable (the caller runs PyTorch).
+    """
+    module = native_planner(ratio, False)
+    if module is None:
+        return None
+    plan_c = _host_rows(num_q_tokens, PLAN_ROW_BYTES, False)
+    plan_w = _host_rows(num_q_tokens, WRITE_ROW_BYTES, False)
+    num_c, num_w = module.prefill_plan(plan_c, plan_w, seq_lens, extend_lens, req_pool_indices, req_to_token,
+                                       full_to_state, int(swa_page_size), int(ring_size), bool(use_req_ring),
+                                       bool(use_cuda_graph))
+    return (plan_c, plan_w) if use_cuda_graph else (plan_c[:num_c], plan_w[:num_w])
+
+
+def cpu_online_prefill_plan(
+    seq_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    num_q_tokens: int,
+    use_cuda_graph: bool,
+    state_slot_offset: int,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The final online C128 prefill plan for CPU tensors (stage 0 and 1 native): the bytes of
+    ``torch_backend.plans.online_prefill_plan``; None where the native planner is unavailable."""
+    module = native_planner(128, True)
+    if module is None:
+        return None
+    plan_c = _host_rows(num_q_tokens, PLAN_ROW_BYTES, False)
+    plan_w = _host_rows(num_q_tokens, PLAN_ROW_BYTES, False)
+    num_c, num_w = module.prefill_plan(plan_c, plan_w, seq_lens, extend_lens, req_pool_indices,
+                                       int(state_slot_offset), bool(use_cuda_graph))
+    return (plan_c, plan_w) if use_cuda_graph else (plan_c[:num_c], plan_w[:num_w])
