@@ -330,3 +330,101 @@ def test_offline_cache_miss_is_raised_by_the_compiled_call_not_by_tracing(
         torch.compile(fn, fullgraph=True, backend=backend)(*args, None, **consts, **bufs)
     assert len(traced) == 1, "tracing must finish (it loads nothing) before the run raises"
     assert str(comp.value) == str(eager.value)
+
+
+# ---------------------------------------------------------------------------
+# V4.1 ops (flashcompress.v41.library): fullgraph compile == eager bytes, opcheck
+# ---------------------------------------------------------------------------
+
+
+def _v41_cases() -> dict[str, tuple]:
+    """Per V4.1 op: (public function, a builder of fresh (args, kwargs), the names of the written arguments).
+
+    Small CPU inputs from ``test_v41_ops``' builders, with padded / negative slots and (c2) pairs
+    whose partner is the previous row, the ring, or a row parked by this call.
+    """
+    import flashcompress as fc
+    from test_v41_ops import BF16, L, _cache, _freqs, _kv_rows, _latent_rows, _ring, _weight
+
+    def c1():
+        args = (_latent_rows(6, 1), _weight(), torch.tensor([0, 1, 5, 7, 8, 9]), torch.tensor([3, 0, 17, -1, 4, 30]),
+                1e-20, _freqs(), _cache(L.V41_FP4, 16))
+        return args, {"page_size": 16, "layout": L.V41_FP4}
+
+    def c2_decode():  # two requests verify 3 rows each (ring 4), one padded row
+        state = _ring(2 * 4)
+        state[1 * 4 + 4 % 4] = _kv_rows(1, 6)[0]
+        args = (_kv_rows(6, 5), state, _weight(), torch.tensor([2, 3, 4, 5, 6, 7]), torch.tensor([0, 0, 0, 1, 1, 1]),
+                torch.tensor([8, 9, 10, 11, 0, 13]), 1e-20, _freqs(), _cache(L.V4, 16))
+        return args, {"page_size": 16, "ring_size": 4, "draft_len": 3, "layout": "v4"}
+
+    def c2_prefill():
+        args = (_kv_rows(7, 8), _ring(2 * 4), _weight(), torch.tensor([2, 3, 4, 5, 9, 0, 0]),
+                torch.tensor([0, 0, 0, 0, 1, 0, 0]), torch.tensor([20, 21, 22, 23, 41, 0, 0]), 1e-20, _freqs(),
+                _cache(L.V41, 16, pages=4), torch.tensor([0, 4], dtype=torch.int32),
+                torch.tensor([4, 1], dtype=torch.int32))
+        return args, {"page_size": 16, "ring_size": 4, "layout": L.V41, "out": torch.full((7, 512), 7.0, dtype=BF16)}
+
+    def index_k():
+        x = (torch.randn(5, 128, generator=torch.Generator().manual_seed(10)) * 3).to(BF16)
+        args = (x, _weight(1, 128), 1e-20, _freqs(), torch.tensor([5, 6, 9, 3, 11]), torch.tensor([130, 0, 7, -1, 200]),
+                torch.full((4, 68 * 64), 0xA5, dtype=torch.uint8))
+        return args, {"ratio": 2}
+
+    return {
+        "c1_decode_norm_rope_store": (fc.c1_decode_norm_rope_store, c1, {"k_cache": 6}),
+        "c2_decode_norm_rope_store": (fc.c2_decode_norm_rope_store, c2_decode, {"kv_state": 1, "k_cache": 8}),
+        "c2_prefill_norm_rope_store": (fc.c2_prefill_norm_rope_store, c2_prefill, {"kv_state": 1, "k_cache": 8}),
+        "index_k_norm_rope_pack_store": (fc.index_k_norm_rope_pack_store, index_k, {"cache": 6}),
+    }
+
+
+@pytest.mark.parametrize("name", ["c1_decode_norm_rope_store", "c2_decode_norm_rope_store",
+                                  "c2_prefill_norm_rope_store", "index_k_norm_rope_pack_store"])
+def test_v41_op_compiles_fullgraph_and_matches_eager(name: str) -> None:
+    fn, build, written = _v41_cases()[name]
+    (args_e, kw_e), (args_c, kw_c) = build(), build()
+    before = {k: args_e[i].clone() for k, i in written.items()}
+    ret_e = fn(*args_e, **kw_e)
+    ret_c = torch.compile(lambda *a, **k: fn(*a, **k), fullgraph=True, backend="inductor")(*args_c, **kw_c)
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    if ret_e is None:
+        assert ret_c is None
+    else:
+        _assert_same(f"{name}: latent", ret_e, ret_c)
+        if "out" in kw_c:  # a caller's out is written in place
+            _assert_same(f"{name}: out", kw_e["out"], kw_c["out"])
+    for k, i in written.items():
+        _assert_same(f"{name}: {k}", args_e[i], args_c[i])
+        assert not torch.equal(_bytes(args_e[i]), _bytes(before[k])), f"{name}: {k} never written"
+
+
+def test_v41_compiled_call_raises_the_eager_error_at_run_time() -> None:
+    fn, build, _ = _v41_cases()["c1_decode_norm_rope_store"]
+    args, kw = build()
+    bad = (*args[:3], torch.tensor([3, 0, 17, -1, 4, 10**6]), *args[4:])  # a slot outside the cache
+    with pytest.raises(ValueError) as eager:
+        fn(*bad, **kw)
+    with pytest.raises(ValueError) as comp:
+        torch.compile(lambda *a, **k: fn(*a, **k), fullgraph=True, backend="inductor")(*bad, **kw)
+    assert str(comp.value) == str(eager.value)
+
+
+def test_v41_opcheck_every_registered_op() -> None:
+    from flashcompress.v41 import library as v41_library
+    from flashcompress.v41.layouts import KVLayout
+
+    cases = _v41_cases()
+    assert set(cases) == set(v41_library.OPS)
+    for name, (_, build, _) in cases.items():
+        args, kw = build()
+        kw = {k: (v.value if isinstance(v, KVLayout) else v) for k, v in kw.items()}
+        if name != "index_k_norm_rope_pack_store":  # the op's trailing arguments, in schema order
+            kw.setdefault("out", torch.zeros(args[0].shape[0], 512, dtype=torch.bfloat16))
+            if name == "c2_decode_norm_rope_store":
+                kw = {k: kw[k] for k in ("page_size", "ring_size", "draft_len", "layout", "out")}
+            elif name == "c2_prefill_norm_rope_store":
+                kw = {k: kw[k] for k in ("page_size", "ring_size", "layout", "out")}
+            else:
+                kw = {k: kw[k] for k in ("page_size", "layout", "out")}
+        torch.library.opcheck(v41_library.OPS[name], (*args, *kw.values()))

@@ -13,6 +13,8 @@ only tensors and plain scalars and declares what it writes (``Tensor(a!)``):
   flashcompress::compress_norm_rope_store  writes kvcache
   flashcompress::compress_and_store        writes kv_score_buffer, kvcache
 
+(The four V4.1 ops join the namespace from :mod:`flashcompress.v41.library`, imported below.)
+
 Every op returns nothing, so its fake (meta) implementation does nothing: the
 only new tensor, ``compress_forward``'s ``out``, is allocated by the traced
 code before the op (``torch.empty``), with the shape the eager path gives it.
@@ -138,6 +140,8 @@ for _name, _schema in SCHEMAS.items():
     torch.library.register_fake(f"flashcompress::{_name}", _nothing, lib=_LIB)
 
 OPS = {name: getattr(torch.ops.flashcompress, name).default for name in SCHEMAS}
+
+from .v41 import library as _v41_library  # noqa: E402,F401  the V4.1 ops join the namespace (after its DEF library)
 
 
 # --------------------------------------------------------------------------

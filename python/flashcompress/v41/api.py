@@ -22,6 +22,7 @@ from types import ModuleType
 
 from ..jit.settings import jit_enabled_for
 from ..torch_backend import v41 as _torch_v41
+from . import library as _library  # torch.compile: the flashcompress:: custom ops (used only while tracing)
 from . import validation as V
 from .layouts import LATENT_DIM, KVLayout
 
@@ -77,6 +78,9 @@ def c1_decode_norm_rope_store(
     Returns:
         ``out``: the post-norm, pre-RoPE bf16 latent of every row (padded rows included).
     """
+    if torch.compiler.is_compiling():  # traced by torch.compile: one custom op, no value checks in the graph
+        return _library.c1_decode_norm_rope_store(kv_input, norm_weight, positions, out_loc, eps, freqs_cis, k_cache,
+                                                  page_size=page_size, layout=layout, out=out)
     a = V.check_c1(kv_input, norm_weight, positions, out_loc, eps, freqs_cis, k_cache, page_size, layout, out)
     result = _latent_out(a.out, a.kv_input)
     if a.kv_input.shape[0]:
@@ -124,6 +128,10 @@ def c2_decode_norm_rope_store(
     Returns:
         ``out``; only odd, non-padded rows are written.
     """
+    if torch.compiler.is_compiling():
+        return _library.c2_decode_norm_rope_store(kv_input, kv_state, norm_weight, positions, req, raw_out_loc, eps,
+                                                  freqs_cis, k_cache, page_size=page_size, ring_size=ring_size,
+                                                  draft_len=draft_len, layout=layout, out=out)
     a = V.check_c2(kv_input, kv_state, norm_weight, positions, req, raw_out_loc, eps, freqs_cis, k_cache,
                    page_size, ring_size, layout, out)
     d = V.check_c2_decode(a, draft_len)
@@ -164,6 +172,10 @@ def c2_prefill_norm_rope_store(
     Returns:
         ``out``; only odd, non-padded rows are written.
     """
+    if torch.compiler.is_compiling():
+        return _library.c2_prefill_norm_rope_store(kv_input, kv_state, norm_weight, positions, req, raw_out_loc, eps,
+                                                   freqs_cis, k_cache, extend_start_loc, extend_seq_lens,
+                                                   page_size=page_size, ring_size=ring_size, layout=layout, out=out)
     a = V.check_c2(kv_input, kv_state, norm_weight, positions, req, raw_out_loc, eps, freqs_cis, k_cache,
                    page_size, ring_size, layout, out,
                    extra_read={k: t for k, t in (("extend_start_loc", extend_start_loc),
@@ -201,6 +213,9 @@ def index_k_norm_rope_pack_store(
         cache: ``[pages, 68 * P]`` uint8 index-K pool (P = slots per page, a power of two), written in place.
         ratio: 1 or 2.
     """
+    if torch.compiler.is_compiling():
+        return _library.index_k_norm_rope_pack_store(input, norm_weight, eps, freqs_cis, positions, loc, cache,
+                                                     ratio=ratio)
     a = V.check_index_k(input, norm_weight, eps, freqs_cis, positions, loc, cache, ratio)
     if a.input.shape[0]:
         _backend(a.input).index_k(a.input, a.norm_weight, a.eps, a.freqs_cis, a.positions, a.loc, a.cache, ratio=a.ratio)
