@@ -379,11 +379,20 @@ def _v41_cases() -> dict[str, tuple]:
     }
 
 
+def _v41_to(case: tuple, dev: torch.device) -> tuple:
+    """A case's (args, kwargs) with every tensor on ``dev``."""
+    args, kw = case
+    move = lambda v: v.to(dev) if isinstance(v, torch.Tensor) else v  # noqa: E731
+    return tuple(move(a) for a in args), {k: move(v) for k, v in kw.items()}
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu"), pytest.param("cuda", marks=gpu)])
 @pytest.mark.parametrize("name", ["c1_decode_norm_rope_store", "c2_decode_norm_rope_store",
                                   "c2_prefill_norm_rope_store", "index_k_norm_rope_pack_store"])
-def test_v41_op_compiles_fullgraph_and_matches_eager(name: str) -> None:
+def test_v41_op_compiles_fullgraph_and_matches_eager(name: str, device: str) -> None:
     fn, build, written = _v41_cases()[name]
-    (args_e, kw_e), (args_c, kw_c) = build(), build()
+    dev = torch.device(device)
+    (args_e, kw_e), (args_c, kw_c) = _v41_to(build(), dev), _v41_to(build(), dev)
     before = {k: args_e[i].clone() for k, i in written.items()}
     ret_e = fn(*args_e, **kw_e)
     ret_c = torch.compile(lambda *a, **k: fn(*a, **k), fullgraph=True, backend="inductor")(*args_c, **kw_c)
