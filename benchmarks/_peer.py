@@ -519,9 +519,10 @@ def bench_specs(peer: Peer) -> list[ModuleSpec]:
     return specs
 
 
-def v41_specs(peer: Peer) -> list[ModuleSpec]:
-    """The V4.1 fused modules at V4.1-Flash's pool page sizes (c1 256, c2 128, index-K 64), V4 layout."""
-    return [peer.c1_spec(512, 256), peer.c2_spec(512, 128), peer.index_k_spec(128, 64, 2)]
+def v41_specs(peer: Peer, layout: str = "v4", index_ratio: int = 1) -> list[ModuleSpec]:
+    """The V4.1 fused modules ``bench_v41.py --peer`` builds: V4.1-Flash's pool page sizes (c1 256,
+    c2 128, index-K 64) in ``layout``, index-K at ``index_ratio`` (the benchmark's cases use 1)."""
+    return [peer.c1_spec(512, 256, layout), peer.c2_spec(512, 128, layout), peer.index_k_spec(128, 64, index_ratio)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
