@@ -58,9 +58,10 @@ the module fails to import / build):
 * ``prewarm(specs)``: build many modules in parallel (``python benchmarks/_peer.py
   --prewarm`` builds every module the three op benchmarks use).
 
-The lead's V4.1 wiring: ``peer = _peer.Peer(dev)``; ``fn = peer.c1_call(...)`` inside a
-``try`` (``except _peer.PeerUnavailable as e``: print ``-`` and ``e`` once), then
-``C.measure(timer, [fn])`` like any flashcompress call.
+``bench_v41.py --peer`` uses the V4.1 calls through ``_common.PeerSide`` on its own buffers:
+the c2 state is flashcompress's pair ring, fp32 ``[rows, 2 * head_dim]`` with request ``r``'s
+ring rows at ``r * ring_size + pos % ring_size`` (the peer's ``kv_state`` matcher is
+``{-1, 2 * kHeadDim}`` fp32, ``req`` int64), so both sides read and park the same rows.
 """
 
 from __future__ import annotations
