@@ -176,5 +176,6 @@ def main(argv: list[str] | None = None) -> int:
     return C.finish(args, "bench_v41.py: V4.1 low-ratio ops" + (" vs SGLang" if side else ""), head,
                     C.PEER_COLUMNS if side else C.COLUMNS, rows, notes)
 
+
 if __name__ == "__main__":
     sys.exit(main())
