@@ -58,9 +58,10 @@ the module fails to import / build):
 * ``prewarm(specs)``: build many modules in parallel (``python benchmarks/_peer.py
   --prewarm`` builds every module the three op benchmarks use).
 
-The lead's V4.1 wiring: ``peer = _peer.Peer(dev)``; ``fn = peer.c1_call(...)`` inside a
-``try`` (``except _peer.PeerUnavailable as e``: print ``-`` and ``e`` once), then
-``C.measure(timer, [fn])`` like any flashcompress call.
+``bench_v41.py --peer`` uses the V4.1 calls through ``_common.PeerSide`` on its own buffers:
+the c2 state is flashcompress's pair ring, fp32 ``[rows, 2 * head_dim]`` with request ``r``'s
+ring rows at ``r * ring_size + pos % ring_size`` (the peer's ``kv_state`` matcher is
+``{-1, 2 * kHeadDim}`` fp32, ``req`` int64), so both sides read and park the same rows.
 """
 
 from __future__ import annotations
@@ -519,9 +520,10 @@ def bench_specs(peer: Peer) -> list[ModuleSpec]:
     return specs
 
 
-def v41_specs(peer: Peer) -> list[ModuleSpec]:
-    """The V4.1 fused modules at V4.1-Flash's pool page sizes (c1 256, c2 128, index-K 64), V4 layout."""
-    return [peer.c1_spec(512, 256), peer.c2_spec(512, 128), peer.index_k_spec(128, 64, 2)]
+def v41_specs(peer: Peer, layout: str = "v4", index_ratio: int = 1) -> list[ModuleSpec]:
+    """The V4.1 fused modules ``bench_v41.py --peer`` builds: V4.1-Flash's pool page sizes (c1 256,
+    c2 128, index-K 64) in ``layout``, index-K at ``index_ratio`` (the benchmark's cases use 1)."""
+    return [peer.c1_spec(512, 256, layout), peer.c2_spec(512, 128, layout), peer.index_k_spec(128, 64, index_ratio)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

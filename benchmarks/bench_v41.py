@@ -1,6 +1,6 @@
 """V4.1 low-ratio op benchmark: c1 / c2 decode / c2 prefill / index-K (issue 29 cases).
 
-    python benchmarks/bench_v41.py [--cases c1,index] [--md PATH] [--device cuda|cpu] [--layout v4|v41_fp4|...]
+    python benchmarks/bench_v41.py [--cases c1,index] [--md PATH] [--device cuda|cpu] [--layout v4|v41_fp4|...] [--peer]
 
 Cases: c1 decode 1 / 64 / 512 rows and 8192 rows (page 256); c2 decode 1 / 64 / 512 requests
 (ring 2, page 128; half the requests at odd positions, which pool and store, half park);
@@ -15,12 +15,20 @@ latent written (1024 B per row c1, per pooled row c2), c2 partners read from the
 per pooled decode row whose partner is in the ring) and rows parked (4096 B), 8 + 8 B of
 metadata per row (+ 8 B req for c2), the RoPE row (256 B) and the cache entry (layout bytes /
 68 B) per stored row.
+
+``--peer``: SGLang's V4.1 fused kernels (``benchmarks/_peer.py``: ``FlashCompress1Kernel``,
+``FlashCompress2Kernel`` decode / prefill fusion, ``IndexKKernel``) on the same inputs, state
+ring, outputs and caches; columns as in ``bench_compress.py --peer``.  ``vs peer`` runs both
+once from the same state snapshot on zeroed outputs / caches: ``d=`` the largest difference
+of the bf16 latents (and, for c2, of the fp32 ring), ``NB`` the differing cache bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -46,8 +54,19 @@ def _freqs(rows: int, dev: torch.device) -> torch.Tensor:
     return f
 
 
-def build(op: str, n: int, layout: KVLayout, dev: torch.device, gen: torch.Generator):
-    """(call, bytes moved) of one case."""
+@dataclass
+class Case:
+    """One benchmark case: the flashcompress call, its byte model, and what a peer needs."""
+
+    call: Callable[[], object]
+    nbytes: float
+    peer: Callable[[object], Callable[[], object]]  # _peer.Peer -> the peer's call on the same buffers
+    written: list[torch.Tensor]  # outputs / caches both sides write (zeroed before ``vs peer``)
+    state: list[torch.Tensor] = field(default_factory=list)  # read-and-written state (snapshot for ``vs peer``)
+
+
+def build(op: str, n: int, layout: KVLayout, dev: torch.device, gen: torch.Generator) -> Case:
+    """One case's buffers and calls."""
     table = 65536
     f = _freqs(table, dev)
     rnd = lambda *s: torch.randn(*s, generator=gen).to(dev)  # noqa: E731
@@ -60,7 +79,8 @@ def build(op: str, n: int, layout: KVLayout, dev: torch.device, gen: torch.Gener
         loc = (torch.randperm(P * pages - 1, generator=gen)[:n] + 1).to(dev)
         cache = torch.zeros(pages, 68 * P, dtype=torch.uint8, device=dev)
         nbytes = n * (256 + 16 + 256 + 68)
-        return (lambda: fc.index_k_norm_rope_pack_store(x, w, 1e-20, f, pos, loc, cache, ratio=1)), nbytes
+        return Case(lambda: fc.index_k_norm_rope_pack_store(x, w, 1e-20, f, pos, loc, cache, ratio=1), nbytes,
+                    lambda pe: pe.index_k_call(x, w, 1e-20, f, pos, loc, cache, 1), [cache])
     entry = layout.bytes_per_token
     if op == "c1":
         P = 256
@@ -71,8 +91,9 @@ def build(op: str, n: int, layout: KVLayout, dev: torch.device, gen: torch.Gener
         cache = torch.zeros(pages, layout.page_bytes(P), dtype=torch.uint8, device=dev)
         out = torch.empty(n, 512, dtype=torch.bfloat16, device=dev)
         nbytes = n * (1024 + 1024 + 16 + 256 + entry)
-        return (lambda: fc.c1_decode_norm_rope_store(x, w512, pos, loc, 1e-20, f, cache, page_size=P, layout=layout,
-                                                     out=out)), nbytes
+        return Case(lambda: fc.c1_decode_norm_rope_store(x, w512, pos, loc, 1e-20, f, cache, page_size=P,
+                                                         layout=layout, out=out), nbytes,
+                    lambda pe: pe.c1_call(x, w512, pos, loc, 1e-20, f, cache, P, layout.value, out), [out, cache])
     P, ring = 128, 2
     state = torch.zeros(2 * n + 4, 1024, device=dev)
     state[:, 512:] = float("-inf")
@@ -86,8 +107,10 @@ def build(op: str, n: int, layout: KVLayout, dev: torch.device, gen: torch.Gener
         cache = torch.zeros(pages, layout.page_bytes(P), dtype=torch.uint8, device=dev)
         odd = n // 2 if n > 1 else 0
         nbytes = n * (4096 + 24) + odd * (4096 + 1024 + 256 + entry) + (n - odd) * 4096
-        return (lambda: fc.c2_decode_norm_rope_store(x, state, w512, pos, req, raw, 1e-20, f, cache, page_size=P,
-                                                     ring_size=ring, layout=layout, out=out)), nbytes
+        return Case(lambda: fc.c2_decode_norm_rope_store(x, state, w512, pos, req, raw, 1e-20, f, cache,
+                                                         page_size=P, ring_size=ring, layout=layout, out=out),
+                    nbytes, lambda pe: pe.c2_decode_call(x, state, w512, pos, req, raw, 1e-20, f, cache, P, ring,
+                                                         layout=layout.value, out=out), [out, cache], [state])
     reqs = 4 if n >= 64 else 2
     per = n // reqs
     pos = torch.cat([torch.arange(per) + 1000 * b for b in range(reqs)]).to(dev)
@@ -99,8 +122,10 @@ def build(op: str, n: int, layout: KVLayout, dev: torch.device, gen: torch.Gener
     lens = torch.full((reqs,), per, dtype=torch.int32, device=dev)
     cache = torch.zeros(pages, layout.page_bytes(P), dtype=torch.uint8, device=dev)
     nbytes = n * (4096 + 24) + (n // 2) * (1024 + 256 + entry) + reqs * ring * 4096
-    return (lambda: fc.c2_prefill_norm_rope_store(x, state, w512, pos, req, raw, 1e-20, f, cache, start, lens,
-                                                  page_size=P, ring_size=ring, layout=layout, out=out)), nbytes
+    return Case(lambda: fc.c2_prefill_norm_rope_store(x, state, w512, pos, req, raw, 1e-20, f, cache, start, lens,
+                                                      page_size=P, ring_size=ring, layout=layout, out=out), nbytes,
+                lambda pe: pe.c2_prefill_call(x, state, w512, pos, req, raw, 1e-20, f, cache, start, lens, P, ring,
+                                              layout=layout.value, out=out), [out, cache], [state])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,23 +138,43 @@ def main(argv: list[str] | None = None) -> int:
     timer = C.Timer(dev, args.reps, args.graph_replays)
     head = C.header(f"bench_v41.py (V4.1 low-ratio ops, layout {layout.value})", timer, args)
     rows, notes = [], []
+    side = C.PeerSide(dev, notes) if args.peer else None
+    if side:
+        head.append(side.peer.describe())
+        if side.peer.available:
+            import _peer
+
+            for err in side.peer.prewarm(_peer.v41_specs(side.peer, layout.value, index_ratio=1)):
+                side.note(err)
+    print("\n".join(head), flush=True)
     for op, name, n in _case_list(dev.type == "cpu"):
         label = "index-k" if op == "index_k" else layout.value
         if not C.matches(args.filters, name, label):
             continue
         try:
-            call, nbytes = build(op, n, layout, dev, torch.Generator().manual_seed(args.seed))
-            cold, ahead, graph, err = C.measure(timer, [call])
+            case = build(op, n, layout, dev, torch.Generator().manual_seed(args.seed))
+            if side:
+                t = C.measure_all(timer, [case.call])
+            else:
+                cold, ahead, graph, err = C.measure(timer, [case.call])
+                t = C.Timing(cold, ahead, None, graph, err)
         except Exception as exc:  # a failing case leaves a note
             notes.append(f"{name}: failed ({C.short_error(exc)})")
             continue
-        if err:
-            notes.append(f"{name}: {err}")
-        row = C.result_row(timer, name, label, cold, ahead, graph, nbytes, None)
+        if t.err:
+            notes.append(f"{name}: {t.err}")
+        if side:
+            pe, pcalls = side.time(timer, lambda: [case.peer(side.peer)], f"{name} {label}")
+            delta = C.peer_delta(case.call, pcalls[0], case.written, case.state) if pcalls else "-"
+            row = C.peer_result_row(timer, name, label, t, pe, case.nbytes, None, delta=delta)
+        else:
+            row = C.result_row(timer, name, label, t.cold, t.ahead, t.graph, case.nbytes, None)
         print("  " + "  ".join(row), file=sys.stderr, flush=True)
         rows.append(row)
+        del case
         C.release(dev)
-    return C.finish(args, "bench_v41.py: V4.1 low-ratio ops", head, C.COLUMNS, rows, notes)
+    return C.finish(args, "bench_v41.py: V4.1 low-ratio ops" + (" vs SGLang" if side else ""), head,
+                    C.PEER_COLUMNS if side else C.COLUMNS, rows, notes)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,9 @@ def runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]
         mds[f"peer:{name}"] = tmp / f"peer-{name}.md"
         jobs.append([f"peer:{name}", ["--device", "cpu", "--peer", "--cases", PEER_CASE,
                                       "--md", str(mds[f"peer:{name}"])]])
+    for name, extra in (("v41", []), ("peer:v41", ["--peer"])):  # bench_v41.py: its own four CPU cases
+        mds[name] = tmp / f"{name.replace(':', '-')}.md"
+        jobs.append([name, ["--device", "cpu", *extra, "--md", str(mds[name])]])
     cmd = [sys.executable, "-c", _DRIVER, str(BENCH), json.dumps(jobs)]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert "@@RESULTS@@" in proc.stdout, f"driver failed (rc {proc.returncode}):\n{proc.stderr[-3000:]}"
@@ -154,6 +157,33 @@ def test_peer_columns_degrade_on_cpu(runs, name):
     assert reason in md.read_text()
 
 
+V41_ROWS = [("c1-decode-8", "v4"), ("c2-decode-8", "v4"), ("c2-prefill-2x16", "v4"), ("index-k-8", "index-k")]
+
+
+@pytest.mark.parametrize("peer", [False, True])
+def test_v41_benchmark_prints_its_table(runs, peer):
+    """``bench_v41.py --device cpu [--peer]``: one row per V4.1 op case; with ``--peer`` the peer
+    columns read ``-`` (reason once, in the header) and the flashcompress side is measured."""
+    proc, md = runs["peer:v41" if peer else "v41"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    head, rows = _table(proc.stdout, "case")
+    for col in (PEER_COLUMNS if peer else OP_COLUMNS[2:]):
+        assert col in head, f"column {col!r} missing from {head!r}"
+    recs = _records(proc.stdout)
+    assert [(r["case"], r["layer"]) for r in recs] == V41_ROWS, recs
+    for by in recs:
+        assert float(by["cold us"]) > 0 and float(by["min MB"]) > 0, by
+        if peer:
+            assert by["peer cold"] == by["fc/peer cold"] == by["peer graph"] == by["vs peer"] == "-", by
+    text = md.read_text()
+    assert text.startswith("### bench_v41.py") and text.count("\n| c") == len(V41_ROWS), text[:400]
+    if peer:
+        assert proc.stdout.count("peer: - (") == 1, proc.stdout
+        reason = proc.stdout.split("peer: - (", 1)[1].splitlines()[0]
+        assert "no SGLang wheel" in reason or "CUDA-only" in reason, reason
+        assert reason in text
+
+
 def test_peer_module_finds_no_wheel_cleanly(tmp_path):
     """Without a wheel the peer is unavailable with a one-line reason (no exception)."""
     sys.path.insert(0, str(BENCH))
@@ -199,6 +229,62 @@ def test_peer_module_specs_name_the_peer_entry_points():
     assert "namespace sglang {" in src and "TVM_FFI_DLL_EXPORT_TYPED_FUNC(decode, (FlashCompress4Kernel<" in src
     with pytest.raises(_peer.PeerUnavailable):
         peer.compress_spec(128, 128, True)
+    # V4.1 (bench_v41.py --peer): the getters' template arguments, the layout as its C++ enumerator
+    c1, c2, ik = _peer.v41_specs(peer, "v41_fp4")
+    assert dict(c1.exports) == {"decode_fusion": "FlashCompress1Kernel<512, 64, 256, V41_FP4, true>::run_decode_fusion"}
+    k2 = "FlashCompress2Kernel<512, 64, 128, V41_FP4, true>::run_"
+    assert dict(c2.exports) == {"decode_fusion": k2 + "decode_fusion", "prefill_fusion": k2 + "prefill_fusion"}
+    assert dict(ik.exports) == {"index_k": "IndexKKernel<128, 64, 64, 1, true>::run_index_k"}
+    assert (c1.header, c2.header, ik.header) == ("deepseek_v4/c1.cuh", "deepseek_v4/c2.cuh",
+                                                 "deepseek_v4/fp4_indexer_rope.cuh")
+
+
+def test_v41_peer_calls_follow_the_peer_signatures():
+    """Each bench_v41 case hands the peer's module entry point the arguments its host checks expect
+    (``c1.cuh`` / ``c2.cuh`` / ``fp4_indexer_rope.cuh`` TensorMatchers), on the case's own buffers."""
+    import torch
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        import _peer
+        import bench_v41
+    finally:
+        sys.path.remove(str(BENCH))
+    from flashcompress.v41.layouts import KVLayout
+
+    seen: dict[str, tuple] = {}
+
+    class Stub:
+        def __getattr__(self, entry):
+            return lambda *a: seen.__setitem__(entry, a)
+
+    peer = _peer.Peer("cpu", mode="build", arch="9.0a")
+    peer.reason, peer.module = "", lambda spec: Stub()  # no build: record the launch arguments
+    lay, f32, bf16, i64, u8 = KVLayout.V4, torch.float32, torch.bfloat16, torch.int64, torch.uint8
+
+    def sig(a):
+        return [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else t for t in a]
+
+    for op, n, entry in (("c1", 8, "decode_fusion"), ("c2_decode", 8, "decode_fusion"),
+                         ("c2_prefill", 32, "prefill_fusion"), ("index_k", 8, "index_k")):
+        case = bench_v41.build(op, n, lay, torch.device("cpu"), torch.Generator().manual_seed(0))
+        seen.clear()
+        case.peer(peer)()
+        a = seen[entry]
+        if op == "c1":  # kv_input, out, norm_weight, freqs, positions, out_loc, cache, eps
+            assert sig(a)[:4] == [((n, 512), bf16), ((n, 512), bf16), ((512,), bf16), ((65536, 64), f32)]
+            assert a[1] is case.written[0] and a[6] is case.written[1] and a[6].shape[1] == lay.page_bytes(256)
+        elif op.startswith("c2"):  # kv_input, kv_state, out, norm_weight, positions, req, raw_out_loc, eps, freqs,
+            s = sig(a)             # cache, ring_size, draft_len | extend_start_loc, extend_seq_lens
+            assert s[0] == ((n, 1024), f32) and s[1][0][1] == 1024 and s[1][1] == f32 and s[2] == ((n, 512), bf16)
+            assert s[3] == ((512,), bf16) and s[5] == ((n,), i64) and s[8] == ((65536, 64), f32) and a[10] == 2
+            assert a[1] is case.state[0] and a[9] is case.written[1] and a[9].shape[1] == lay.page_bytes(128)
+            if op == "c2_prefill":
+                assert s[11] == s[12] == ((2,), torch.int32)
+        else:  # input, norm_weight, freqs, positions, loc, cache, eps
+            s = sig(a)
+            assert s[:3] == [((n, 128), bf16), ((128,), bf16), ((65536, 64), f32)] and s[4] == ((n,), i64)
+            assert s[5][1] == u8 and s[5][0][1] == 64 * 68 and a[5] is case.written[0]
 
 
 def test_host_overhead_prints_both_modes(runs):
