@@ -22,11 +22,6 @@
 #include "layout.h"
 #include "vec.cuh"
 
-// 1: the online C128 prefill passes pool with the fast exp (Cfg::kFastExp); 0: the accurate one.
-#ifndef FC_ONLINE_PREFILL_FAST_EXP
-#define FC_ONLINE_PREFILL_FAST_EXP 0
-#endif
-
 namespace flashcompress {
 namespace compress {
 
@@ -101,9 +96,8 @@ struct Cfg {
   // partials, then a butterfly over the kLanes lanes.
   static constexpr int kLanes = kSplit == 1 ? 1 : kTeamThreads / kChans;
   // The regular pooling uses the fast exp (ex2.approx); the online state, whose running sum is
-  // kept across calls, uses the accurate one, except in the prefill passes when
-  // FC_ONLINE_PREFILL_FAST_EXP is 1 (the peer's choice; an A/B knob until its parity is measured).
-  static constexpr bool kFastExp = !kOnline || (!kDecode && FC_ONLINE_PREFILL_FAST_EXP != 0);
+  // kept across calls within 1e-6 of the reference, uses the accurate one.
+  static constexpr bool kFastExp = !kOnline;
   // Decode copies the block's share of every request's input row (kCopyVecs vectors) into the
   // state: C4 from registers (compress_decode_c4.cuh, which also loads its bias rows straight
   // into registers), C128 all the team's requests up front (copy_rows_share). A one-block store
