@@ -45,7 +45,7 @@
 // The standalone kernel (StoreLaunch<kHeadDim, kFmt, kIn>::run, store_launch.h):
 //   kv [rows, H] fp32 | bf16; plan [rows, 16]. A team of kRowWarps warps stores one plan row,
 //   warp w holding 128-dim blocks kBpw w .. kBpw w + kBpw - 1 (kBpw = H / 128 / kRowWarps):
-//   head 512 in launches of <= FC_STORE_WIDE_ROWS rows 4 warps (one block each, a 128-thread
+//   head 512 in launches of <= kWideRowsMax (1024) rows 4 warps (one block each, a 128-thread
 //   block per row), larger launches one warp per row (8 rows per 256-thread block); head 128 one
 //   warp. Per row, one burst of loads (plan row, kv and weight blocks, decode's out_loc[row]),
 //   the plan test (decode DecodePlan: stored iff seq_len % ratio == 0, dest out_loc[row]; prefill
@@ -576,24 +576,15 @@ FC_STORE_FN void finish_row(RowShare<kHeadDim, kRowWarps>& s, double ss, int w, 
   store_blocks<kHeadDim, kFmt, S::kBpw>(s.v, s.ops, S::kBpw * w, lane, ss, s.d.loc, args);
 }
 
-// Warps per row (1, 2 or 4): head-512 rows of small launches (decode) spread over
-// FC_STORE_WIDE_WARPS warps, those of launches of more than FC_STORE_WIDE_ROWS rows (prefill)
-// over FC_STORE_NARROW_WARPS (one warp keeps the most bytes in flight per SM); head 128 one warp
-// (the Hadamard mixes the whole row across the warp's lanes). HIP: one warp per row.
-#ifndef FC_STORE_WIDE_WARPS
-#define FC_STORE_WIDE_WARPS 4
-#endif
-#ifndef FC_STORE_NARROW_WARPS
-#define FC_STORE_NARROW_WARPS 1
-#endif
-#ifndef FC_STORE_WIDE_ROWS
-#define FC_STORE_WIDE_ROWS 1024
-#endif
+// Warps per row: head-512 rows of launches of at most kWideRowsMax rows (decode) spread over 4
+// warps, those of larger launches (prefill) stay on one warp (it keeps the most bytes in flight
+// per SM); head 128 one warp (the Hadamard mixes the whole row across the warp's lanes). HIP: one
+// warp per row. (The benchmark that chose them: benchmarks/RESULTS.md, session 16.)
 template <int kHeadDim>
-inline constexpr int kWideWarps = (kHeadDim == 128 || FC_GPU_HIP) ? 1 : FC_STORE_WIDE_WARPS;
+inline constexpr int kWideWarps = (kHeadDim == 128 || FC_GPU_HIP) ? 1 : 4;
 template <int kHeadDim>
-inline constexpr int kNarrowWarps = (kHeadDim == 128 || FC_GPU_HIP) ? 1 : FC_STORE_NARROW_WARPS;
-inline constexpr int64_t kWideRowsMax = FC_STORE_WIDE_ROWS;
+inline constexpr int kNarrowWarps = 1;
+inline constexpr int64_t kWideRowsMax = 1024;
 
 // One warp plays every warp of a team of kRowWarps in turn (the row sums exchanged in
 // registers): the host emulator's row code (tests/native/store_host_emulator.cu), and the same

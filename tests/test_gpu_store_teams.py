@@ -2,7 +2,7 @@
 
 ``compress_norm_rope_store`` launches head-512 rows over a team of 4 warps (one 128-dim block
 per warp, the blocks' sums of squares added in block order through shared memory) when a launch
-has at most 1024 rows (``FC_STORE_WIDE_ROWS``, jit_kernel/store.cuh), and one warp per row above
+has at most 1024 rows (``kWideRowsMax``, jit_kernel/store.cuh), and one warp per row above
 that. Both must give the same cache bytes, equal to the PyTorch backend's: the same rows are stored
 once in one launch of 1500 rows (one-warp rows) and once in two launches of 750 rows (teams).
 """
@@ -21,7 +21,7 @@ pytestmark = [
 
 DEV = torch.device("cuda") if torch.cuda.is_available() else None
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16}
-ROWS = 1500  # above FC_STORE_WIDE_ROWS (1024): one warp per row; halves of 750: 4-warp teams
+ROWS = 1500  # above kWideRowsMax (1024): one warp per row; halves of 750: 4-warp teams
 
 
 @pytest.mark.parametrize("fmt", ["v4", "bf16"])
