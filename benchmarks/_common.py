@@ -857,7 +857,9 @@ def peer_delta(fc_call: Callable[[], object], peer_call: Callable[[], object], w
             if a.dtype == torch.uint8:
                 parts.append(f"{int((a != b).sum())}B")
             else:
-                d = (a.float() - b.float()).abs().nan_to_num(nan=float("inf"))
+                a, b = a.float(), b.float()
+                # equal values (equal infinities included) differ by 0; a NaN on one side only by inf
+                d = torch.where((a == b) | (a.isnan() & b.isnan()), 0.0, (a - b).abs().nan_to_num(nan=float("inf")))
                 fmax = max(fmax or 0.0, float(d.max()) if d.numel() else 0.0)
         if fmax is not None:
             parts.insert(0, f"d={fmax:.1e}")
