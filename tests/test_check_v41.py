@@ -21,6 +21,15 @@ MODEL = "deepseek-v4.1-flash"
 C2, C1 = "V4.1 C2 H512 v4 + index-K", "V4.1 C1 H512 v4 + index-K"
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Small tensors: one thread is fastest, and far faster than several on a busy box."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def cpu_report() -> C.CheckReport:
     return C.run_check(MODEL, "cpu")

@@ -11,7 +11,7 @@ GPU's deployment stores: V4 on Hopper / SM 12x, V41_FP4 and V41_FP4_NEW on SM100
 2. a second prefill chunk (27, 6, 9) resuming at odd positions (ring partners), CUDA-graph
    padded (a zero-length request, two trailing rows with ``raw_out_loc == 0``);
 3. four decode steps, then a decode batch with three padding rows (``req 0 / pos 0 / raw 0``);
-4. a target-verify batch of ``draft_len`` 3 per request (ring 8) plus one padded block,
+4. a target-verify batch of ``draft_len`` 3 per request (ring 8) plus one zero-filled padded block,
    of which two rows per request are accepted, then one more decode step.
 
 Every call runs on the checked device and, from the checked side's buffers copied to the
@@ -194,7 +194,7 @@ class V41KindRun:
 
     def _verify(self, label: str, accepted: int) -> None:
         rows = [(s, self.positions[s] + j) for s in self.slots for j in range(DRAFT_LEN)]
-        rows += [(0, j) for j in range(DRAFT_LEN)]  # a padded block: req 0, positions 0.., raw 0
+        rows += [None] * DRAFT_LEN  # a padded block: zero-filled graph rows (req, positions, raw_out_loc 0)
         for s in self.slots:
             self.positions[s] += accepted
         self._step(label, "verify", rows)
@@ -203,7 +203,7 @@ class V41KindRun:
         kind, res, dev = self.kind, self.result, self.sub.device
         pos = torch.tensor([0 if r is None else r[1] for r in rows], dtype=torch.int64)
         req = torch.tensor([0 if r is None else r[0] for r in rows], dtype=torch.int64)
-        raw = torch.tensor([0 if r is None or r[0] == 0 else self._raw(r[0], r[1]) for r in rows], dtype=torch.int64)
+        raw = torch.tensor([0 if r is None else self._raw(r[0], r[1]) for r in rows], dtype=torch.int64)
         x_ref = self._input(len(rows))
         if kind.ratio == 2:
             loc = torch.where(raw == 0, torch.zeros_like(raw),

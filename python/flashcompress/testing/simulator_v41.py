@@ -20,8 +20,9 @@ pages); every source layer also owns keys, so each step ends with
   ignore: the rollback).  A step is an extend batch (``c2_prefill``; decode-phase
   requests may ride along as one-token extends; CUDA-graph padding: zero-length
   requests beyond the batch and trailing rows with ``raw_out_loc == 0``), a decode
-  batch (``c2_decode``, one row per request, padded rows ``req 0 / pos 0 / raw 0``) or
-  a verify batch (``c2_decode`` with ``draft_len``, padded blocks).  Ratio 1 runs ``c1``
+  batch (``c2_decode``, one row per request) or a verify batch (``c2_decode`` with
+  ``draft_len``); both may end in zero-filled CUDA-graph padding rows (``req``, ``positions``
+  and ``raw_out_loc`` 0; verify: whole padded blocks).  Ratio 1 runs ``c1``
   on the same rows in every mode.  The metadata is the engine's (§6): ``raw_out_loc``,
   ``c1_out_loc = raw``, ``c2_out_loc = raw // 2`` at odd positions else -1.
 * **Ground truth**, computed on the CPU with the PyTorch reference from fresh buffers:
@@ -144,7 +145,7 @@ class V41SimResult:
     steps: dict[str, int]
     request_lengths: list[int]
     reports: list[V41LayerReport]
-    seconds: float
+    seconds: float  # the run and its checks
     # engine buffers after the run (CPU copies): layer -> {"cache", "index", "ring"}
     buffers: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict, repr=False)
     # every latent the engine's ops returned, in call order: (step, layer, [N, 512] bf16)
@@ -384,7 +385,9 @@ class V41Simulator:
                     self.rng.shuffle(self.free_rids)
                     rq.rid = -2
             step += 1
-        return self._finish(time.perf_counter() - t0)
+        result = self._finish()
+        result.seconds = time.perf_counter() - t0
+        return result
 
     def _decode_step(self, step: int, batch: list[_Request], draft: int) -> None:
         """A decode batch (``draft == 1``) or a verify batch of ``draft`` rows per request."""
@@ -399,8 +402,8 @@ class V41Simulator:
             rq.next_action += 1
         if self.rng.random() < self.sc.graph_prob:
             self.steps["padded"] += 1
-            for _ in range(self.rng.randrange(1, 3)):  # padded requests: req 0, positions 0.., raw 0
-                rows += [_Row(None, j) for j in range(draft)]
+            for _ in range(self.rng.randrange(1, 3)):  # padded requests: zero-filled graph rows (req, pos, raw 0)
+                rows += [_Row(None, 0) for _ in range(draft)]
         self._run_step(step, rows, "verify" if draft > 1 else "decode", draft=draft)
 
     def _extend_step(self, step: int, batch: list[_Request]) -> None:
@@ -577,7 +580,7 @@ class V41Simulator:
                     latents[(rq.idx, p)] = lat[p]
         return cache, index, latents
 
-    def _finish(self, seconds: float) -> V41SimResult:
+    def _finish(self) -> V41SimResult:
         buffers: dict[int, dict[str, torch.Tensor]] = {}
         for d in self.layers:
             rep, r = d["report"], d["ratio"]
@@ -609,7 +612,7 @@ class V41Simulator:
             if r == 2:
                 buffers[d["layer"]]["ring"] = d["ring"].detach().cpu()
         return V41SimResult(self.sc, str(self.device), self.seed, dict(self.steps),
-                            [rq.length for rq in self.requests], [d["report"] for d in self.layers], seconds,
+                            [rq.length for rq in self.requests], [d["report"] for d in self.layers], 0.0,
                             buffers, self.latents)
 
 
