@@ -95,6 +95,29 @@ def test_a_decode_op_that_parks_odd_rows_is_detected(monkeypatch: pytest.MonkeyP
     assert "cache" not in text and "latent" not in text  # only even ring rows are ever read
 
 
+def test_a_wrong_pooling_in_the_reference_is_caught_by_the_float64_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Engine and ground truth share the ops; the float64 model of spec §2.1 does not."""
+    from flashcompress.torch_backend import v41 as T
+
+    real = T.pool_pairs
+    monkeypatch.setattr(T, "pool_pairs", lambda k0, s0, k1, s1: real(k0, s1, k1, s0))  # scores swapped
+    res = S.simulate_v41(S.V41Scenario(max_len=60), seed=2)
+    text = "\n".join(res.failures())
+    assert not res.ok and "float64 model" in text and "L20" not in text  # ratio 1 does not pool
+    assert "main cache" not in text and "ring" not in text
+
+
+def test_model_latents_pool_and_norm() -> None:
+    x = torch.zeros(2, 1024)
+    x[0, :512], x[1, :512] = 1.0, -3.0
+    x[0, 512:], x[1, 512:] = 30.0, 0.0  # the even token dominates the softmax
+    w = torch.full((512,), 2.0).to(torch.bfloat16)
+    lat = S.model_latents(x, 2, w, 1e-20)
+    assert lat.shape == (1, 512) and torch.allclose(lat.float(), torch.full((1, 512), 2.0))
+    assert torch.equal(S.model_latents(x[:1, :512].to(torch.bfloat16), 1, w, 1e-20).float(), torch.full((1, 512), 2.0))
+    assert S.model_latents(x[:1], 2, w, 1e-20).shape == (0, 512)  # a lone even token has no latent yet
+
+
 def test_scenario_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="fault"):
         S.V41Simulator(S.V41Scenario(fault="nosuch"))

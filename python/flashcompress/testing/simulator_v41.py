@@ -31,7 +31,8 @@ pages); every source layer also owns keys, so each step ends with
   change a byte, spec §13.7), then the index keys of its latents.  And a **ring
   model**: the pair ring updated per step by the rules of §4.4-4.5 in plain Python
   (decode / verify park live even rows; prefill parks each request's last ``ring``
-  live rows), compared with the engine's ring after every step.
+  live rows), compared with the engine's ring after every step.  The ground truth's latents
+  are in turn compared with a float64 model of §2.1 (:func:`model_latents`, within rounding).
 
 Checked: after every step the ring (bit for bit) and the latent of every accepted
 event row (bit for bit against the unchunked prefill's row; c2 rows without an event
@@ -59,7 +60,7 @@ from flashcompress.v41.layouts import (INDEX_K_DIM, INDEX_K_SLOT_BYTES, LATENT_D
                                        pair_ring_rows, pair_ring_size)
 
 __all__ = ["SOURCE_LAYERS", "FAULTS", "V41Scenario", "V41LayerReport", "V41SimResult", "V41Simulator",
-           "simulate_v41", "v41_freqs_cis"]
+           "model_latents", "simulate_v41", "v41_freqs_cis"]
 
 FULL_PAGE = 256
 POISON_BYTE = 0x5A
@@ -580,6 +581,26 @@ class V41Simulator:
                     latents[(rq.idx, p)] = lat[p]
         return cache, index, latents
 
+    def _check_model(self, d: dict, lat_ref: dict[tuple[int, int], torch.Tensor]) -> None:
+        """The ground truth's latents against :func:`model_latents` (float64): every element within
+        2^-6 relative (the fp32 pooling can move a pooled bf16 value by one ulp, up to 2^-7 relative,
+        and the fp32 norm the result by one more), and at most 1% of the elements not bit-equal."""
+        rep, r = d["report"], d["ratio"]
+        for rq in self.requests:
+            want = model_latents(d["inputs"][rq.idx], r, d["norm_w"], self.sc.eps).double()
+            if not want.shape[0]:
+                continue
+            got = torch.stack([lat_ref[(rq.idx, p)] for p in range(r - 1, rq.length, r)]).double()
+            err = (got - want).abs() > 2.0 ** -6 * want.abs()
+            inexact = float((got != want).double().mean())
+            if inexact > 0.01:
+                rep.fail(f"ground truth latents of request {rq.idx}: {inexact:.2%} of the elements differ from the "
+                         "float64 model (at most 1% may, by rounding)")
+            elif bool(err.any()):
+                row, col = err.nonzero()[0].tolist()
+                rep.fail(f"ground truth latent of request {rq.idx} position {row * r + r - 1} dim {col}: "
+                         f"{float(got[row, col])!r}, float64 model {float(want[row, col])!r}")
+
     def _finish(self) -> V41SimResult:
         buffers: dict[int, dict[str, torch.Tensor]] = {}
         for d in self.layers:
@@ -601,6 +622,7 @@ class V41Simulator:
                     page, byte = diff[0].tolist()
                     rep.fail(f"{name}: {diff.shape[0]} byte(s) differ from the unchunked ground truth, first at "
                              f"page {page} byte {byte}: 0x{int(got[page, byte]):02x} vs 0x{int(want[page, byte]):02x}")
+            self._check_model(d, lat_ref)
             # the ground truth holds exactly the expected entries (one per event position of every request)
             expected = sum(rq.length if r == 1 else rq.length // 2 for rq in self.requests)
             rep.entries = _count_slots(cache_ref, self.layout, d["page_size"])
@@ -614,6 +636,19 @@ class V41Simulator:
         return V41SimResult(self.sc, str(self.device), self.seed, dict(self.steps),
                             [rq.length for rq in self.requests], [d["report"] for d in self.layers], 0.0,
                             buffers, self.latents)
+
+
+def model_latents(x: torch.Tensor, ratio: int, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The latents of one request's projection rows ``x`` by spec §2.1 in float64, independent of the ops:
+    ratio 1 every row, ratio 2 every (even, odd) pair softmax-pooled per channel and rounded to bf16;
+    then RMSNorm with the bf16 weight, rounded to bf16.  Rows: one per event position, in order."""
+    v = x.double()
+    if ratio == 2:
+        n = v.shape[0] // 2 * 2
+        kv, score = v[:n, :LATENT_DIM].reshape(-1, 2, LATENT_DIM), v[:n, LATENT_DIM:].reshape(-1, 2, LATENT_DIM)
+        v = (kv * torch.softmax(score, dim=1)).sum(dim=1).to(torch.bfloat16).double()
+    nf = torch.rsqrt((v * v).mean(dim=1, keepdim=True) + eps)
+    return (v * nf * norm_weight.double()).to(torch.bfloat16)
 
 
 def _count_slots(cache: torch.Tensor, layout: KVLayout, page_size: int) -> int:
