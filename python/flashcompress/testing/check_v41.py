@@ -57,10 +57,6 @@ class V41LayerKind:
         """Main-cache page size: the 256-token full page divided by the ratio (256 / 128)."""
         return 256 // self.ratio
 
-    @property
-    def online(self) -> bool:  # the V4 table code asks every kind
-        return False
-
 
 def v41_layouts_for(device: torch.device) -> tuple[str, ...]:
     """The low-ratio cache layouts a deployment on ``device`` stores (CPU self-test: ``v4``)."""

@@ -461,7 +461,6 @@ class V41Simulator:
                 self.fault_done = True
             start_t = torch.tensor(starts, dtype=torch.int32).to(dev)
             lens_t = torch.tensor(lens, dtype=torch.int32).to(dev)
-            true_ranges = ranges
         for d in self.layers:
             r = d["ratio"]
             x = self._input_rows(d, rows)
@@ -488,7 +487,7 @@ class V41Simulator:
             self.latents.append((step, d["layer"], lat))
             self._record_latents(d, rows, lat)
             if r == 2:
-                self._advance_ring_model(d, rows, x, mode, true_ranges if ranges is not None else None)
+                self._advance_ring_model(d, rows, x, mode, ranges)  # the true ranges, whatever the op was given
                 self._check_ring(step, d)
         self._maybe_corrupt_ring()
 
