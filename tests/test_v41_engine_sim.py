@@ -95,6 +95,29 @@ def test_a_decode_op_that_parks_odd_rows_is_detected(monkeypatch: pytest.MonkeyP
     assert "cache" not in text and "latent" not in text  # only even ring rows are ever read
 
 
+def test_a_prefill_whose_write_back_overtakes_the_pool_pass_is_detected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spec §4.5: a chunk that starts odd and ends even reads and rewrites one ring row, so the
+    write-back must follow the pool pass; doing it first breaks chunked prefill only."""
+    from flashcompress.torch_backend import v41 as T
+
+    real = T.c2_prefill
+
+    def write_back_first(kv_input, kv_state, norm_weight, positions, req, raw_out_loc, eps, freqs_cis, k_cache,
+                         extend_start_loc, extend_seq_lens, *, page_size, ring_size, layout, out):
+        for start, n in zip(extend_start_loc.tolist(), extend_seq_lens.tolist()):
+            for i in range(max(start, start + n - ring_size), start + n):
+                if int(raw_out_loc[i]):
+                    kv_state[int(req[i]) * ring_size + int(positions[i]) % ring_size] = kv_input[i]
+        real(kv_input, kv_state, norm_weight, positions, req, raw_out_loc, eps, freqs_cis, k_cache, extend_start_loc,
+             extend_seq_lens, page_size=page_size, ring_size=ring_size, layout=layout, out=out)
+
+    monkeypatch.setattr(T, "c2_prefill", write_back_first)
+    res = S.simulate_v41(S.V41Scenario(num_requests=6), seed=2)
+    text = "\n".join(res.failures())
+    assert not res.ok and "differs from the unchunked prefill" in text and "main cache" in text, res.summary()
+    assert "L20" not in text  # ratio 1 has no ring
+
+
 def test_a_wrong_pooling_in_the_reference_is_caught_by_the_float64_model(monkeypatch: pytest.MonkeyPatch) -> None:
     """Engine and ground truth share the ops; the float64 model of spec §2.1 does not."""
     from flashcompress.torch_backend import v41 as T
