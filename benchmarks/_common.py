@@ -916,6 +916,21 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({os.cpu_count()} cores)"
 
 
+def use_tiling_from_env() -> str | None:
+    """``FLASHCOMPRESS_TILING=<tiling>`` (a ``compress`` variant tiling, e.g. ``closing``): the
+    CUDA backend's compress_forward / compress_and_store run that tiling. Returns it (None: unset)."""
+    tiling = os.environ.get("FLASHCOMPRESS_TILING") or None
+    if tiling is not None:
+        import functools
+
+        from flashcompress.cuda_ops import compress as _cc
+        from flashcompress.cuda_ops import ops as _ops
+
+        _ops.compress_forward = functools.partial(_cc.compress_forward, tiling=tiling)  # type: ignore[assignment]
+        _ops.compress_and_store = functools.partial(_cc.compress_and_store, tiling=tiling)  # type: ignore[assignment]
+    return tiling
+
+
 def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
     from flashcompress.jit.settings import jit_enabled_for
 
@@ -929,6 +944,9 @@ def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
                                            if timer.cuda else " wall times (CPU smoke run)")
         + f"; rotating input sets: {args.sets} per decode case, {min(args.sets, 2)} per prefill case",
     ]
+    tiling = use_tiling_from_env()
+    if tiling is not None:
+        lines.append(f"compress tiling {tiling!r} (FLASHCOMPRESS_TILING)")
     if os.environ.get("FLASHCOMPRESS_DEBUG", "").lower() in ("1", "true", "yes", "on"):
         lines.append("WARNING: FLASHCOMPRESS_DEBUG is set: value checks synchronise; timings are not meaningful")
     return lines

@@ -85,16 +85,19 @@ __device__ __forceinline__ void online_decode_row(const Window& w, const RowTarg
     f[i] = Fin{m, p, p == 1.f ? n : __int_as_float(0x7fffffff)};
   }
   if (t.merge_slot >= 0) {
+    // merge_channel's expressions; every channel's exps before the first division
+    float num[V];
 #pragma unroll
     for (int i = 0; i < V; ++i) {
       const float m1 = prior.m[i], s1 = prior.s[i], k1 = prior.k[i];
       const float m = fmaxf(m1, f[i].m);
       const float ra = s1 * expf(m1 - m), rb = f[i].s * expf(f[i].m - m);
-      const float s = ra + rb;
-      f[i].k = (k1 * ra + f[i].k * rb) / s;
+      num[i] = k1 * ra + f[i].k * rb;
       f[i].m = m;
-      f[i].s = s;
+      f[i].s = ra + rb;
     }
+#pragma unroll
+    for (int i = 0; i < V; ++i) f[i].k = num[i] / f[i].s;
   }
   if (t.state_slot >= 0) {  // the row's state goes back to the pool instead of emitting
     TState* dst = static_cast<TState*>(a.state) + t.state_slot * C::kStateWidth + c;

@@ -50,6 +50,16 @@ template <class C>
 inline constexpr bool kC128Closing = C::kDecode && C::kRatio == 128 && !C::kOnline && !C::kWholeRow &&
                                      C::kClosingTiling;
 
+#if FC_GPU_HIP
+// No clusters on HIP: every C128 variant tiles whole rows there (Cfg::kWholeRow), so this kernel
+// is never selected; the launcher exists for the dispatch's discarded branch.
+template <class C>
+gpuError_t launch_decode_closing(const CompressArgs&, gpuStream_t) {
+  static_assert(!kC128Closing<C>, "Tiling::kClosing's C128 decode kernel needs CUDA (sm_90 clusters)");
+  return gpuSuccess;
+}
+#else
+
 template <class C>
 struct C128Closing {
   static constexpr int kThreads = 512;
@@ -409,6 +419,7 @@ gpuError_t launch_decode_closing(const CompressArgs& a, gpuStream_t stream) {
   const unsigned grid = static_cast<unsigned>(groups * D::kSlices);
   return launch_kernel(decode_kernel_closing<C>, {grid, D::kThreads, 0, kCluster, kPdlLaunch}, stream, a);
 }
+#endif  // FC_GPU_HIP
 
 }  // namespace compress
 }  // namespace flashcompress
