@@ -916,10 +916,17 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({os.cpu_count()} cores)"
 
 
+_TILING: str | None = None
+
+
 def use_tiling_from_env() -> str | None:
     """``FLASHCOMPRESS_TILING=<tiling>`` (a ``compress`` variant tiling, e.g. ``closing``): the
-    CUDA backend's compress_forward / compress_and_store run that tiling. Returns it (None: unset)."""
-    tiling = os.environ.get("FLASHCOMPRESS_TILING") or None
+    CUDA backend's compress_forward / compress_and_store run that tiling. Returns it (None: unset).
+    The variable is taken out of the environment (it is no library setting, which would warn)."""
+    global _TILING
+    if "FLASHCOMPRESS_TILING" in os.environ:
+        _TILING = os.environ.pop("FLASHCOMPRESS_TILING") or None
+    tiling = _TILING
     if tiling is not None:
         import functools
 
@@ -934,6 +941,7 @@ def use_tiling_from_env() -> str | None:
 def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
     from flashcompress.jit.settings import jit_enabled_for
 
+    tiling = use_tiling_from_env()
     backend = "jit" if jit_enabled_for(timer.device) else "torch"
     lines = [
         f"{script}: {device_name(timer.device)}, torch {torch.__version__}, commit {git_commit()}, "
@@ -944,7 +952,6 @@ def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
                                            if timer.cuda else " wall times (CPU smoke run)")
         + f"; rotating input sets: {args.sets} per decode case, {min(args.sets, 2)} per prefill case",
     ]
-    tiling = use_tiling_from_env()
     if tiling is not None:
         lines.append(f"compress tiling {tiling!r} (FLASHCOMPRESS_TILING)")
     if os.environ.get("FLASHCOMPRESS_DEBUG", "").lower() in ("1", "true", "yes", "on"):

@@ -13,6 +13,7 @@
 //   online prefill: 512 threads, kChans 128, 16 splits of 8 entries (4 blocks per row)
 //   online decode: 128 threads, whole row, 1 entry
 //   C128 whole row (no clusters, or Tiling::kWholeRow): 512 threads, 4 splits of 32 entries
+//   Tiling::kClosing: kAuto's tiling (its C128 decode kernel: compress_decode_closing.cuh)
 #pragma once
 
 #include <cstdint>

@@ -7,7 +7,8 @@
 // write_loc % 128 == 127; online: offset 127 emits, any other offset stores the running state).
 // The window entry the same launch writes is read from the request's own input row (rounded
 // through TState), so no thread waits on another's store. C128 copies the shares of all its
-// requests up front.
+// requests up front. Online rows under Tiling::kClosing take online_decode_row (same bits, a
+// shorter chain).
 #pragma once
 
 #include <cstdint>
