@@ -15,6 +15,8 @@ Timing (CUDA)
     run; GB/s counts read + write.  ``% copy`` = the op's GB/s over this number.
   On the CPU (``--device cpu``) everything is a smoke run: tiny sizes, the median wall
   time of a few calls, no graph column.
+  ``FLASHCOMPRESS_TILING=<tiling>`` (e.g. ``closing``) runs the compress kernels of that
+  ``compress`` variant tiling (the header names it); unset: the default tiling.
 
 Cases (the issue tables' cases)
   * decode, B = 1 / 32 / 128 / 512 requests, context lengths random in [1024, 65536]:

@@ -4,7 +4,7 @@ pools only the window-closing requests with the row copies spread over a one-wav
 (``compress_decode.cuh`` online_decode_row). Prefill calls with this tiling run today's kernels.
 
 C128 (B = 1 .. 2000, so 1-4 plan-scan chunks of 512 rows and up to ~60 closing rows per block
-group; random positions, all-boundary, none closing, a mix; fp32 / bf16 input and state):
+group; random positions, all-boundary, open (none closes), a mix; fp32 / bf16 input and state):
 
 * ``compress_forward`` against the PyTorch backend on CPU copies: state bit-identical, outputs
   within test_gpu_compress's tolerances, non-closing rows exact zeros;
@@ -62,7 +62,7 @@ def _seq_lens(B: int, closing: str, g: torch.Generator) -> torch.Tensor:
     if closing == "bnd":  # every request closes a window
         return 128 * torch.randint(2, 30, (B,), generator=g, device="cuda")
     seq = torch.randint(129, 3800, (B,), generator=g, device="cuda")
-    seq = torch.where(seq % 128 == 0, seq + 1, seq)  # none closes ...
+    seq = torch.where(seq % 128 == 0, seq + 1, seq)  # "open": none closes ...
     if closing == "rand" and B > 1:
         seq[B // 2] = 128 * 7  # ... but one
     elif closing == "mix":  # every third closes
@@ -90,7 +90,7 @@ CASES = ([pytest.param(B, torch.float32, torch.float32, id=f"B{B}-f32") for B in
          + [pytest.param(B, i, s, id=f"B{B}-{n}") for (i, s), n in zip(DTYPES[1:], DTYPE_IDS[1:]) for B in (1, 129, 1024)])
 
 
-@pytest.mark.parametrize("closing", ["rand", "bnd", "none", "mix"])
+@pytest.mark.parametrize("closing", ["rand", "bnd", "open", "mix"])
 @pytest.mark.parametrize("B,in_dtype,state_dtype", CASES)
 def test_closing_decode_matches_torch_and_default(use_tiling, B: int, closing: str, in_dtype: torch.dtype,
                                                   state_dtype: torch.dtype) -> None:
