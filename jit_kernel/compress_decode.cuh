@@ -142,7 +142,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
-  stage_invariants<C>(a, sm, team, u);
+  // Online rows under Tiling::kClosing (online_decode_row): the store's weight blocks are staged
+  // with the team's first emitting row, not by every team (most teams emit nothing).
+  constexpr bool kShortOnline = C::kOnline && C::kClosingTiling;
+  bool invariants_pending = kShortOnline;
+  if constexpr (!kShortOnline) stage_invariants<C>(a, sm, team, u);
   async_commit();
   copy_rows_share<C>(a, first, last, u, rank);
   int row_count = 0;                         // rows the team has stored
@@ -176,7 +180,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       w.self_in = b;
     }
     t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
-    if (t.emit) stage_row_rope<C>(a, sm, team, u, t.position);
+    if (t.emit) {
+      if (invariants_pending) {  // in this row's group: async_wait<0> below orders it
+        stage_invariants<C>(a, sm, team, u);
+        invariants_pending = false;
+      }
+      stage_row_rope<C>(a, sm, team, u, t.position);
+    }
     async_commit();
     if (!C::kOnline && !t.emit) {  // only the copy: nothing pooled, nothing stored
       async_wait<0>();
@@ -184,7 +194,6 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       continue;
     }
     async_wait<1>();  // the row-independent stage has landed; this row's may fly on
-    constexpr bool kShortOnline = C::kOnline && C::kClosingTiling;
     if constexpr (kShortOnline) {
       online_decode_row<C>(w, t, a, sm, team, u);  // writes a non-emitting kNone row's zeros
     } else {
