@@ -31,7 +31,7 @@
 //      the 8 sums, RMSNorm + RoPE + quantise, slice store) only during the NEXT item, after
 //      that item's window loads and partials (or after the last item), so the exchange latency
 //      overlaps a window round trip instead of delaying it. Weight slices are staged once, the
-//      item's RoPE row (blocks 6, 7) by cp.async into a buffer of the item's parity.
+//      item's RoPE row (blocks 6, 7) and out_loc by cp.async into buffers of the item's parity.
 // Both paths pool with the same code, so fused bytes equal the two-step path's.
 #pragma once
 
@@ -94,7 +94,7 @@ struct SmemClosing {
   float row[C::kStoreRows ? C::H : 1];       // store: the rounded row, absolute dims (this slice set)
   double ss[C::kCluster ? 2 : 1][C::kCluster ? D::kSlices : 1];  // cluster: every block's sum, by rank
   uint64_t sum_bar[C::kCluster ? 2 : 1];     // cluster: arrivals of the 8 partial sums (item parity)
-  int64_t pend_loc;                          // store: cache slot of the pending item
+  int64_t loc[C::kStoreRows ? 2 : 1][32];   // store: out_loc[b] of the item (parity), per lane of warp 0
   store::StagedOperands<1> ops[C::kStoreRows ? 2 : 1];  // store: weight block r / 2, RoPE row (parity)
 };
 
@@ -185,8 +185,9 @@ __device__ __forceinline__ int closing_scan(const CompressArgs& a, SmemClosing<C
   return static_cast<int>(last - first);
 }
 
-// Warp 0 of a store variant: finish the store of the pending item (`parity`: its slot and
-// staged-operand buffer; `phase`: its barrier phase) once the 8 partial sums have arrived.
+// Warp 0 of a store variant: finish the store of the pending item (`parity`: its slot, staged
+// operands and cache slot; `phase`: its barrier phase) once the 8 partial sums have arrived;
+// the item's cp.async group has completed (async_wait).
 template <class C>
 __device__ __forceinline__ void closing_finish_store(const CompressArgs& a, SmemClosing<C>& sm, int rank, int lane,
                                                      int parity, uint32_t phase) {
@@ -203,7 +204,7 @@ __device__ __forceinline__ void closing_finish_store(const CompressArgs& a, Smem
     double ss = 0.0;
 #pragma unroll
     for (int q = 0; q < D::kSlices; ++q) ss += sm.ss[parity][q];
-    store::store_slice<C::H, C::kFmt, D::kSlice>(y, ops, lane, dim0, ss, sm.pend_loc, a.store);
+    store::store_slice<C::H, C::kFmt, D::kSlice>(y, ops, lane, dim0, ss, sm.loc[parity][lane], a.store);
   }
 }
 
@@ -245,6 +246,11 @@ __global__ void __launch_bounds__(512, 2) decode_kernel_closing(const CompressAr
 
   int done = 0;  // items this block has pooled
   uint32_t base = 0;
+  // The warp's 8 bias rows (ape rows 8w..8w+7, this lane's channels) are the same for every
+  // item: loaded with the first item's window, then kept in registers.
+  const int e0 = warp * D::kPer;
+  Vec<TIn, 2> bi[D::kPer];
+  bool bias_pending = true;
   for (int64_t c0 = 0; c0 < a.rows; c0 += D::kChunk) {
     const DecodePlan p = c0 == 0 ? p0 : closing_scan_row<C>(a, c0);
     const int n_items = closing_scan<C>(a, sm, p, c0, base, group, groups, warp, lane);
@@ -257,10 +263,10 @@ __global__ void __launch_bounds__(512, 2) decode_kernel_closing(const CompressAr
         if (warp == 0) {
           // the RoPE lanes (16-31 of block 3) read the table row in both of block 3's slices
           if (rank / 2 == D::kSlices / 2 - 1) store::stage_rope(a.store, lane, position, sm.ops[par]);
+          async_copy<8>(&sm.loc[par][lane], a.out_loc + b);  // the cache slot, read by this lane only
           async_commit();
         }
       }
-      const int64_t loc = C::kStoreRows && warp == 0 ? a.out_loc[b] : 0;
       // The entry that is state row write_loc: with the plan builder's rows entry 127 (warp 15,
       // its entry 7), taken from the request's input row (TIn == TState: loaded from there in
       // place of the state row; else one more load, rounded through TState) by warp 15, which
@@ -283,13 +289,16 @@ __global__ void __launch_bounds__(512, 2) decode_kernel_closing(const CompressAr
         store_vec<TState, 2>(dst, xs);
         store_vec<TState, 2>(dst + H, ys);
       }
-      // One burst: the warp's 8 entries and their bias rows.
-      const int e0 = warp * D::kPer;
+      // One burst: the warp's 8 entries (and, first item, their bias rows).
       const TState* st = static_cast<const TState*>(a.state) + (static_cast<int64_t>(it.page) * 128 + e0) * kW + c;
-      const TIn* bias = static_cast<const TIn*>(a.ape) + static_cast<int64_t>(e0) * H + c;
+      if (bias_pending) {  // block-uniform
+        const TIn* bias = static_cast<const TIn*>(a.ape) + static_cast<int64_t>(e0) * H + c;
+#pragma unroll
+        for (int j = 0; j < D::kPer; ++j) bi[j] = load_vec<TIn, 2>(bias + j * H);
+        bias_pending = false;
+      }
       constexpr int kLast = D::kPer - 1;
       Vec<TState, 2> kv_s[D::kPer], sc_s[D::kPer];
-      Vec<TIn, 2> bi[D::kPer];
       Vec<TIn, 2> in_kv{}, in_sc{};
       if constexpr (!kSame) {
         if (self_warp) {
@@ -305,7 +314,6 @@ __global__ void __launch_bounds__(512, 2) decode_kernel_closing(const CompressAr
         }
         kv_s[j] = load_vec<TState, 2>(src);
         sc_s[j] = load_vec<TState, 2>(src + H);
-        bi[j] = load_vec<TIn, 2>(bias + j * H);
       }
       float self_kv[2] = {0.f, 0.f}, self_sc[2] = {0.f, 0.f};  // !kSame: the self entry's values
       if constexpr (kSame) {
@@ -387,12 +395,8 @@ __global__ void __launch_bounds__(512, 2) decode_kernel_closing(const CompressAr
           }
           const double part = store::slice_sum_squares(y);
           // lane q sends the block's partial sum to block q's slot ss[par][rank]; lane 0 expects all 8
-          if (lane == 0) {
-            mbar_arrive_expect(&sm.sum_bar[par], D::kSlices * sizeof(double));
-            sm.pend_loc = loc;
-          }
+          if (lane == 0) mbar_arrive_expect(&sm.sum_bar[par], D::kSlices * sizeof(double));
           if (lane < D::kSlices) remote_store_async(&sm.ss[par][rank], &sm.sum_bar[par], part, lane);
-          __syncwarp();
         }
       }
     }
