@@ -19,8 +19,9 @@
 //      k % NG: the block keeps its group's rows (b, seq_len, write_loc, page) in shared memory;
 //   3. per kept row (an "item"), the pooling of the C128 per-slice kernel
 //      (compress_decode_c128.cuh): warp w owns window entries 8w..8w+7, lane l channels
-//      c = 64r + 2l, 2l + 1; 8 kv + 8 score + 8 bias loads in one burst (state rows 128 page +
-//      e); the entry this launch writes (state row write_loc, normally entry 127) is taken from
+//      c = 64r + 2l, 2l + 1; 8 kv + 8 score loads in one burst (state rows 128 page + e; the 8
+//      bias rows, the same for every item, join the first item's burst and stay in registers);
+//      the entry this launch writes (state row write_loc, normally entry 127) is taken from
 //      the request's input row (rounded through TState) by the warp that owns it, which also
 //      writes the slice into the state (the row-copy of step 1 skips closing rows); warp
 //      partials -> shared memory (double-buffered by item parity) -> one barrier -> thread u
