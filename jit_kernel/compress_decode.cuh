@@ -93,7 +93,7 @@ __device__ __forceinline__ void online_decode_row(const Window& w, const RowTarg
       const float m1 = prior.m[i], s1 = prior.s[i], k1 = prior.k[i];
       const float m = fmaxf(m1, f[i].m);
       const float ra = s1 * expf(m1 - m), rb = f[i].s * expf(f[i].m - m);
-      num[i] = k1 * ra + f[i].k * rb;
+      num[i] = fmaf(k1, ra, f[i].k * rb);  // how merge_channel's k1 * ra + k * rb compiles (SASS)
       f[i].m = m;
       f[i].s = ra + rb;
     }
