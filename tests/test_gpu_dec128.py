@@ -3,7 +3,7 @@ pools only the window-closing requests with the row copies spread over a one-wav
 (``jit_kernel/compress_decode_closing.cuh``), and the online C128 decode's shortened chain
 (``compress_decode.cuh`` online_decode_row). Prefill calls with this tiling run today's kernels.
 
-C128 (B = 1 .. 2000, so 1-4 plan-scan chunks of 512 rows and up to ~60 closing rows per block
+C128 (B = 1 .. 1100, so 1-3 plan-scan chunks of 512 rows and up to ~34 closing rows per block
 group; random positions, all-boundary, open (none closes), a mix; fp32 / bf16 input and state):
 
 * ``compress_forward`` against the PyTorch backend on CPU copies: state bit-identical, outputs
@@ -86,7 +86,7 @@ DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (tor
           (torch.float32, torch.bfloat16)]
 DTYPE_IDS = ["f32", "bf16", "bf16in-f32state", "f32in-bf16state"]
 # fp32 over every batch size; the other dtype pairs over fewer (each pair is one more kernel build)
-CASES = ([pytest.param(B, torch.float32, torch.float32, id=f"B{B}-f32") for B in (1, 2, 33, 128, 129, 512, 1024, 2000)]
+CASES = ([pytest.param(B, torch.float32, torch.float32, id=f"B{B}-f32") for B in (1, 2, 33, 128, 129, 512, 1024, 1100)]
          + [pytest.param(B, i, s, id=f"B{B}-{n}") for (i, s), n in zip(DTYPES[1:], DTYPE_IDS[1:]) for B in (1, 129, 1024)])
 
 
@@ -133,7 +133,7 @@ def _store_kw(B: int, seq: torch.Tensor, g: torch.Generator, bf16_store: bool):
 @pytest.mark.parametrize("bf16_store", [False, True], ids=["v4", "bf16"])
 @pytest.mark.parametrize("in_dtype,state_dtype", DTYPES[:2], ids=DTYPE_IDS[:2])
 @pytest.mark.parametrize("closing", ["rand", "bnd", "mix"])
-@pytest.mark.parametrize("B", [1, 2, 33, 128, 512, 1024, 2000])
+@pytest.mark.parametrize("B", [1, 2, 33, 128, 512, 1024, 1100])
 def test_closing_fused_decode_equals_two_step(use_tiling, B: int, closing: str, in_dtype: torch.dtype,
                                               state_dtype: torch.dtype, bf16_store: bool) -> None:
     state, x, ape, plan, seq, g = _case(B, closing, in_dtype, state_dtype, seed=5)
