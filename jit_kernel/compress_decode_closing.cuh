@@ -105,7 +105,7 @@ __device__ __forceinline__ void closing_copy_share(const CompressArgs& a, int wa
   using D = C128Closing<C>;
   using TIn = typename C::TIn;
   using TOut = typename C::TOut;
-  constexpr int kBurst = 4;  // units whose loads are in flight together
+  constexpr int kBurst = 2;  // units whose loads are in flight together (B <= 1056: every unit)
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t units = a.rows * D::kRowUnits;
   const int64_t G = gridDim.x;
