@@ -19,8 +19,8 @@
 //      k % NG: the block keeps its group's rows (b, seq_len, write_loc, page) in shared memory;
 //   3. per kept row (an "item"), the pooling of the C128 per-slice kernel
 //      (compress_decode_c128.cuh): warp w owns window entries 8w..8w+7, lane l channels
-//      c = 64r + 2l, 2l + 1; 8 kv + 8 score loads in one burst (state rows 128 page + e; the 8
-//      bias rows, the same for every item, join the first item's burst and stay in registers);
+//      c = 64r + 2l, 2l + 1; 8 kv + 8 score + 8 bias loads in one burst (state rows 128 page +
+//      e; kNone: the bias rows, the same for every item, only with the first item, then kept);
 //      the entry this launch writes (state row write_loc, normally entry 127) is taken from
 //      the request's input row (rounded through TState) by the warp that owns it, which also
 //      writes the slice into the state (the row-copy of step 1 skips closing rows); warp
@@ -73,6 +73,10 @@ struct C128Closing {
   static constexpr int kUnitVecs = 32;        // copy unit: one warp's 32 consecutive 4-value vectors
   static constexpr int kRowVecs = C::kInWidth / 4;
   static constexpr int kRowUnits = kRowVecs / kUnitVecs;
+  // kNone: the warp's bias rows stay in registers across items (no spills). Store variants load
+  // them with every item's window: resident, their fp32 build spills 60 B (about 7 local stores
+  // and loads per item) against 12 B once.
+  static constexpr bool kResidentBias = !C::kStoreRows;
   static_assert(C::kChans == kSlice && C::kCSplit == kSlices, "Cfg: 64-channel decode slices");
   static_assert(kPer == 8 && kThreads == kSlice * kMergeLanes && kWarps == 2 * kMergeLanes, "tiling");
   static_assert(kRowVecs % kUnitVecs == 0 && C::H % 4 == 0, "copy units");
@@ -247,8 +251,8 @@ __global__ void __launch_bounds__(512, 2) decode_kernel_closing(const CompressAr
 
   int done = 0;  // items this block has pooled
   uint32_t base = 0;
-  // The warp's 8 bias rows (ape rows 8w..8w+7, this lane's channels) are the same for every
-  // item: loaded with the first item's window, then kept in registers.
+  // The warp's 8 bias rows (ape rows 8w..8w+7, this lane's channels), the same for every item:
+  // loaded with the first item's window (kResidentBias, then kept) or with every item's.
   const int e0 = warp * D::kPer;
   Vec<TIn, 2> bi[D::kPer];
   bool bias_pending = true;
@@ -290,9 +294,9 @@ __global__ void __launch_bounds__(512, 2) decode_kernel_closing(const CompressAr
         store_vec<TState, 2>(dst, xs);
         store_vec<TState, 2>(dst + H, ys);
       }
-      // One burst: the warp's 8 entries (and, first item, their bias rows).
+      // One burst: the warp's 8 entries and (see kResidentBias) their bias rows.
       const TState* st = static_cast<const TState*>(a.state) + (static_cast<int64_t>(it.page) * 128 + e0) * kW + c;
-      if (bias_pending) {  // block-uniform
+      if (bias_pending || !D::kResidentBias) {  // block-uniform
         const TIn* bias = static_cast<const TIn*>(a.ape) + static_cast<int64_t>(e0) * H + c;
 #pragma unroll
         for (int j = 0; j < D::kPer; ++j) bi[j] = load_vec<TIn, 2>(bias + j * H);
