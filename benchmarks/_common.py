@@ -15,6 +15,8 @@ Timing (CUDA)
     run; GB/s counts read + write.  ``% copy`` = the op's GB/s over this number.
   On the CPU (``--device cpu``) everything is a smoke run: tiny sizes, the median wall
   time of a few calls, no graph column.
+  ``FLASHCOMPRESS_TILING=<tiling>`` (e.g. ``closing``) runs the compress kernels of that
+  ``compress`` variant tiling (the header names it); unset: the default tiling.
 
 Cases (the issue tables' cases)
   * decode, B = 1 / 32 / 128 / 512 requests, context lengths random in [1024, 65536]:
@@ -918,9 +920,32 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({os.cpu_count()} cores)"
 
 
+_TILING: str | None = None
+
+
+def use_tiling_from_env() -> str | None:
+    """``FLASHCOMPRESS_TILING=<tiling>`` (a ``compress`` variant tiling, e.g. ``closing``): the
+    CUDA backend's compress_forward / compress_and_store run that tiling. Returns it (None: unset).
+    The variable is taken out of the environment (it is no library setting, which would warn)."""
+    global _TILING
+    if "FLASHCOMPRESS_TILING" in os.environ:
+        _TILING = os.environ.pop("FLASHCOMPRESS_TILING") or None
+    tiling = _TILING
+    if tiling is not None:
+        import functools
+
+        from flashcompress.cuda_ops import compress as _cc
+        from flashcompress.cuda_ops import ops as _ops
+
+        _ops.compress_forward = functools.partial(_cc.compress_forward, tiling=tiling)  # type: ignore[assignment]
+        _ops.compress_and_store = functools.partial(_cc.compress_and_store, tiling=tiling)  # type: ignore[assignment]
+    return tiling
+
+
 def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
     from flashcompress.jit.settings import jit_enabled_for
 
+    tiling = use_tiling_from_env()
     backend = "jit" if jit_enabled_for(timer.device) else "torch"
     lines = [
         f"{script}: {device_name(timer.device)}, torch {torch.__version__}, commit {git_commit()}, "
@@ -931,6 +956,8 @@ def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
                                            if timer.cuda else " wall times (CPU smoke run)")
         + f"; rotating input sets: {args.sets} per decode case, {min(args.sets, 2)} per prefill case",
     ]
+    if tiling is not None:
+        lines.append(f"compress tiling {tiling!r} (FLASHCOMPRESS_TILING)")
     if os.environ.get("FLASHCOMPRESS_DEBUG", "").lower() in ("1", "true", "yes", "on"):
         lines.append("WARNING: FLASHCOMPRESS_DEBUG is set: value checks synchronise; timings are not meaningful")
     return lines

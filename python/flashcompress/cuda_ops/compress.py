@@ -13,7 +13,9 @@ Variant parameters::
     head_dim    512 | 128 (ratio 4)     in_dtype / state_dtype / out_dtype   "f32" | "bf16"
     store       "none" (compress_forward) | "v4" | "bf16" (head 512) | "idx_fp8" | "idx_fp4" (head 128)
     tiling      "auto" (thread block clusters for C128 rows where the target has them) |
-                "whole_row" (one 512-thread block per C128 row, as on targets without clusters)
+                "whole_row" (one 512-thread block per C128 row, as on targets without clusters) |
+                "closing" ("auto", but C128 / online C128 decode: one grid that pools only the
+                window-closing requests, copies spread over all blocks; a shorter online chain)
 
 ``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword (default "auto"), so a
 test can run both tilings on one GPU.
@@ -123,7 +125,7 @@ COMPRESS = register_family(
             "state_dtype": ("f32", "bf16"),
             "out_dtype": ("f32", "bf16"),
             "store": ("none", "v4", "idx_fp8", "idx_fp4", "bf16"),
-            "tiling": ("auto", "whole_row"),
+            "tiling": ("auto", "whole_row", "closing"),
         },
         defaults={"tiling": "auto"},
         warmup=_warmup,
