@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from . import fastpath as _fastpath
 from . import validation as V
 from .dispatch import plans_backend
 from .layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES
@@ -360,3 +361,5 @@ class CompressorPrefillPlan(_PlanBase):
         )
         return CompressorPrefillPlan(128, plan_c, plan_w, is_online=True)
 
+
+_fastpath._DecodePlan = CompressorDecodePlan  # the eager binding-first path recognises decode plans by class

@@ -1,0 +1,187 @@
+"""The binding-first eager path of the ops on CUDA tensors (what an engine's decode step runs).
+
+A steady-state eager call on CUDA tensors goes straight to the loaded tvm-ffi binding: the
+variant is found from a handful of cheap facts of the call (ratio, head dim, online, the plan's
+class / ratio / kind, the dtypes of the input, state and output, the store flags and page size:
+one dict lookup), and the binding checks in C++, before anything is launched, everything the
+Python checks would reject for CUDA tensors outside ``FLASHCOMPRESS_DEBUG=1``: every tensor's
+dtype, shape, contiguity, alignment and device, that the buffers a launch writes share no byte
+with the ones it reads, the scalars' ranges (``jit_kernel/compress_binding.h``,
+``store_binding.h``, ``ffi_check.h``).  The facts the binding cannot see stay here: the
+scalars' Python types (``0`` is not ``False``), the plan's class, ratio and kind (part of the
+key), ``requires_grad`` (tested with grad enabled, as ``validation`` does).
+
+A call the binding rejects launched nothing; the caller then runs the full path
+(``validation.check_*`` + ``dispatch``), which raises the named error of that path, or, when the
+Python checks find nothing (a case the full path handles by converting an argument: an ``ape`` /
+``norm_weight`` of another dtype, a strided ``freq_cis``), runs the call there, where the binding
+raises again if the arguments really are wrong.
+
+A key is learnt (``remember_*``) from a call that passed the full path on the JIT backend, so
+only layer kinds, flags and dtypes that path accepted are ever looked up.  The memos hold bound
+binding functions (no tensor) and are emptied with the JIT engine's memos (``jit.clear_memo``,
+a settings reload).  Value checks (``FLASHCOMPRESS_DEBUG=1``), CPU tensors, the PyTorch backend,
+``torch.compile`` and prefill plans of the compress ops take the full path as before.
+
+Each ``*`` function returns True (or the output) when it launched, and None when the caller
+must run the full path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from .jit import settings as _settings
+from .jit.family import module_memo
+
+__all__ = ["compress_and_store", "compress_forward", "compress_norm_rope_store", "remember_compress",
+           "remember_store"]
+
+# (plan ratio, plan.is_online, compress_ratio, head_dim, is_online, state / input / out dtype)
+#   -> compress_decode of the variant
+COMPRESS: dict[tuple[Any, ...], Callable[..., None]] = module_memo()
+# (plan ratio, plan.is_online, compress_ratio, head_dim, is_online, state / input dtype, use_fp4,
+#  bf16_store, page_size) -> compress_store_decode of the variant
+FUSED: dict[tuple[Any, ...], Callable[..., None]] = module_memo()
+# (plan class, plan ratio, kv dtype, head dim, use_fp4, bf16_store, page_size)
+#   -> (forward_checked of the variant, is_decode, ratio)
+STORE: dict[tuple[Any, ...], tuple[Callable[..., None], bool, int]] = module_memo()
+
+_DecodePlan: type | None = None  # plans.CompressorDecodePlan (set by plans.py: no import cycle)
+
+
+def _binding_checks() -> bool:
+    """True when the bindings are the last line for CUDA tensors: the JIT backend, no debug checks.
+
+    Reads the settings' memoised flags (None until first resolved: then the full path resolves them)."""
+    return _settings._JIT_ENABLED is True and _settings._DEBUG is False
+
+
+def _grad(*tensors: Any) -> bool:
+    """True when grad mode is on and a tensor requires grad (the full path then names it)."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(t is not None and t.requires_grad for t in tensors)
+
+
+def compress_forward(buf: Any, inp: Any, ape: Any, plan: Any, head_dim: Any, ratio: Any, out: Any,
+                     online: Any) -> torch.Tensor | None:
+    """``compress_forward`` of a decode plan through the binding; the output, or None (full path)."""
+    if type(plan) is not _DecodePlan:
+        return None
+    try:
+        launch = COMPRESS.get((plan[0], plan.is_online, ratio, head_dim, online, buf.dtype, inp.dtype,
+                               inp.dtype if out is None else out.dtype))
+    except AttributeError:  # not tensors: the full path names the argument
+        return None
+    if launch is None or not (type(head_dim) is int and type(ratio) is int and type(online) is bool):
+        return None
+    if not (buf.is_cuda and _binding_checks()) or _grad(buf, inp, ape, out):
+        return None
+    rows = plan[1]
+    if out is None:
+        out = torch.empty((rows.shape[0], head_dim), dtype=inp.dtype, device=inp.device)
+    try:
+        launch(buf, inp, ape, rows, out)
+    except Exception:  # rejected before any launch: the full path raises the named error (or converts)
+        return None
+    return out
+
+
+def compress_and_store(buf: Any, inp: Any, ape: Any, plan: Any, head_dim: Any, ratio: Any, online: Any,
+                       store: tuple[Any, ...]) -> bool | None:
+    """``compress_and_store`` of a decode plan through the binding; True, or None (full path).
+
+    ``store``: ``(norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store)``."""
+    if type(plan) is not _DecodePlan:
+        return None
+    norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store = store
+    try:
+        launch = FUSED.get((plan[0], plan.is_online, ratio, head_dim, online, buf.dtype, inp.dtype, use_fp4,
+                            bf16_store, page_size))
+    except AttributeError:
+        return None
+    if launch is None or not (type(head_dim) is int and type(ratio) is int and type(online) is bool
+                              and type(use_fp4) is bool and type(bf16_store) is bool and type(page_size) is int):
+        return None
+    if not (buf.is_cuda and _binding_checks()) or _grad(buf, inp, ape, norm_weight, freq_cis):
+        return None
+    try:
+        launch(buf, inp, ape, plan[1], norm_weight, freq_cis, out_loc, kvcache, norm_eps, page_size)
+    except Exception:
+        return None
+    return True
+
+
+def compress_norm_rope_store(kv: Any, plan: Any, store: tuple[Any, ...]) -> bool | None:
+    """``compress_norm_rope_store`` (decode or prefill plan) through the binding; True, or None."""
+    norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store = store
+    try:
+        hit = STORE.get((type(plan), plan[0], kv.dtype, kv.shape[1], use_fp4, bf16_store, page_size))
+    except (AttributeError, IndexError, TypeError):
+        return None
+    if hit is None or not (type(use_fp4) is bool and type(bf16_store) is bool and type(page_size) is int):
+        return None
+    if not (kv.is_cuda and _binding_checks()) or _grad(kv, norm_weight, freq_cis):
+        return None
+    launch, is_decode, ratio = hit
+    try:
+        launch(kv, plan[1], norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, is_decode, ratio)
+    except Exception:
+        return None
+    return True
+
+
+# --------------------------------------------------------------------------
+# Learning the keys from calls the full path accepted
+# --------------------------------------------------------------------------
+
+
+def _learnable(device: int) -> bool:
+    """A call on ``device`` (``get_device()`` index) whose binding is the last line of checks."""
+    return device >= 0 and _binding_checks()
+
+
+def remember_compress(call: Any, plan: Any, head_dim: int, ratio: int, online: bool, out: Any) -> None:
+    """Learn the key of a ``compress_forward`` / ``compress_and_store`` decode call (``call``: the
+    ``validation.CompressCall`` the full path launched) unless it is known or not eligible."""
+    if call.device < 0 or type(plan) is not _DecodePlan or not _learnable(call.device):
+        return
+    from .cuda_ops import compress as cc
+
+    pool, inp, st = call.pool, call.inp, call.store
+    layer = call.layer
+    if st is None:
+        out_dtype = inp.dtype if out is None else out.dtype
+        key = (plan[0], plan.is_online, ratio, head_dim, online, pool.dtype, inp.dtype, out_dtype)
+        if key not in COMPRESS:
+            module = cc._module(layer.ratio, layer.online, layer.head_dim, inp.dtype, pool.dtype, out_dtype, "none",
+                                "auto")
+            COMPRESS[key] = module.compress_decode
+        return
+    if inp.dtype is not torch.float32:  # bf16 input: the backend rounds the weight per call (full path)
+        return
+    fmt = st.fmt
+    use_fp4, bf16_store = fmt.name == "idx_fp4", fmt.name == "bf16"
+    key = (plan[0], plan.is_online, ratio, head_dim, online, pool.dtype, inp.dtype, use_fp4, bf16_store,
+           st.page_size)
+    if key not in FUSED:
+        module = cc._module(layer.ratio, layer.online, layer.head_dim, inp.dtype, pool.dtype, inp.dtype, fmt.name,
+                            "auto")
+        FUSED[key] = module.compress_store_decode
+
+
+def remember_store(call: Any, plan: Any) -> None:
+    """Learn the key of a ``compress_norm_rope_store`` call the full path launched (``call``: its
+    ``validation.StoreCall``)."""
+    if call.device < 0 or not _learnable(call.device):
+        return
+    from .cuda_ops import store as cs
+
+    kv, st = call.kv, call.store
+    fmt = st.fmt
+    key = (type(plan), plan[0], kv.dtype, kv.shape[1], fmt.name == "idx_fp4", fmt.name == "bf16", st.page_size)
+    if key not in STORE:
+        STORE[key] = (cs.store_module(fmt, kv.dtype).forward_checked, call.is_decode, call.ratio)
