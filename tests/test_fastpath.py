@@ -69,11 +69,11 @@ def gpu_like(monkeypatch: pytest.MonkeyPatch) -> Backend:
     monkeypatch.setattr(S, "_JIT_ENABLED", True)
     monkeypatch.setattr(S, "_DEBUG", False)
     V.clear_memo()
-    for memo in (F.COMPRESS, F.FUSED, F.STORE):
+    for memo in (F.COMPRESS, F.FUSED, F.STORE, F.PLANS):
         memo.clear()
     yield backend
     V.clear_memo()
-    for memo in (F.COMPRESS, F.FUSED, F.STORE):
+    for memo in (F.COMPRESS, F.FUSED, F.STORE, F.PLANS):
         memo.clear()
 
 
@@ -271,7 +271,81 @@ def test_the_fast_memos_are_jit_module_memos(gpu_like: Backend) -> None:
     """``jit.clear_memo`` (and a settings reload) forget the loaded bindings."""
     from flashcompress import jit
 
-    F.COMPRESS["k"] = F.FUSED["k"] = object()
+    F.COMPRESS["k"] = F.FUSED["k"] = F.PLANS["k"] = object()
     F.STORE["k"] = (object(), True, 4)
     jit.clear_memo()
-    assert not F.COMPRESS and not F.FUSED and not F.STORE
+    assert not F.COMPRESS and not F.FUSED and not F.STORE and not F.PLANS
+
+
+# --------------------------------------------------------------------------
+# CompressorDecodePlan.generate / generate_online
+# --------------------------------------------------------------------------
+
+GEN = CompressorDecodePlan.generate
+GEN_ONLINE = CompressorDecodePlan.generate_online
+
+
+def online_decode_kwargs() -> dict[str, Any]:
+    from test_bad_input import online_decode_kwargs as make
+
+    return make()
+
+
+def _install_plan(fn, kw: dict[str, Any], binding: FakeBinding) -> None:
+    if fn is GEN:
+        F.PLANS[(kw["compress_ratio"], kw["swa_page_size"], kw["ring_size"], kw.get("use_req_ring", False))] = binding
+    else:
+        F.PLANS[("online", kw.get("state_slot_offset", 0))] = binding
+
+
+PLAN_OPS = {"generate": (GEN, decode_kwargs), "generate_online": (GEN_ONLINE, online_decode_kwargs)}
+
+
+@pytest.mark.parametrize("op", list(PLAN_OPS))
+def test_a_known_plan_call_goes_straight_to_the_binding(op: str, gpu_like: Backend, monkeypatch) -> None:
+    fn, make = PLAN_OPS[op]
+    kw = _gpu(make())
+    binding = FakeBinding()
+    _install_plan(fn, kw, binding)
+    monkeypatch.setattr(V, "check_world", lambda *a, **k: (_ for _ in ()).throw(AssertionError("checks ran")))
+    plan = fn(**kw)
+    assert type(plan) is CompressorDecodePlan and plan.is_online is (fn is GEN_ONLINE)
+    assert plan[0] == (128 if fn is GEN_ONLINE else 4) and plan[1].shape == (2, 16) and plan[1].dtype == torch.uint8
+    (args,) = binding.calls
+    assert args[0] is plan[1] and args[1] is kw["req_pool_indices"]
+    if fn is GEN:
+        want = (kw["req_to_token"], kw["full_to_state"], kw["seq_lens"], 256, 8, False)
+    else:
+        want = (kw["req_to_token"], kw["seq_lens"], 0)
+    assert all(a is b or a == b for a, b in zip(args[2:], want)) and len(args) == 2 + len(want)
+
+
+PLAN_BAD = [(c[0], c[2], c[3]) for c in CASES if c[2] in (GEN, GEN_ONLINE)]
+
+
+@pytest.mark.parametrize("case", PLAN_BAD, ids=[c[0] for c in PLAN_BAD])
+def test_a_rejected_plan_call_raises_the_full_paths_error(case, gpu_like: Backend) -> None:
+    _, fn, mutate = case
+    valid = _gpu(PLAN_OPS["generate" if fn is GEN else "generate_online"][1]())
+    bad = dict(valid)
+    mutate(bad)
+    bad = _gpu(bad)
+    cold = _any_outcome(fn, bad)
+    binding = FakeBinding(reject=True)
+    _install_plan(fn, valid, binding)
+    assert _any_outcome(fn, bad) == cold
+
+
+def _any_outcome(fn, kwargs: dict[str, Any]) -> tuple[type, str] | None:
+    """Also the backend's own errors: a value-check case runs unchecked here (no value checks on "CUDA")."""
+    try:
+        fn(**kwargs)
+    except Exception as e:  # noqa: BLE001
+        return type(e), str(e)
+    return None
+
+
+def test_plan_keys_are_learnt_only_from_binding_checked_devices(gpu_like: Backend) -> None:
+    GEN(**decode_kwargs())
+    GEN_ONLINE(**online_decode_kwargs())
+    assert not F.PLANS

@@ -36,8 +36,8 @@ import torch
 from .jit import settings as _settings
 from .jit.family import module_memo
 
-__all__ = ["compress_and_store", "compress_forward", "compress_norm_rope_store", "remember_compress",
-           "remember_store"]
+__all__ = ["compress_and_store", "compress_forward", "compress_norm_rope_store", "decode_plan", "online_decode_plan",
+           "remember_compress", "remember_decode_plan", "remember_online_decode_plan", "remember_store"]
 
 # (plan ratio, plan.is_online, compress_ratio, head_dim, is_online, state / input / out dtype)
 #   -> compress_decode of the variant
@@ -49,20 +49,25 @@ FUSED: dict[tuple[Any, ...], Callable[..., None]] = module_memo()
 #   -> (forward_checked of the variant, is_decode, ratio)
 STORE: dict[tuple[Any, ...], tuple[Callable[..., None], bool, int]] = module_memo()
 
+# (compress_ratio, swa_page_size, ring_size, use_req_ring) -> decode_checked of the plan variant;
+# ("online", state_slot_offset) -> decode_checked of the online variant
+PLANS: dict[tuple[Any, ...], Callable[..., None]] = module_memo()
+
 _DecodePlan: type | None = None  # plans.CompressorDecodePlan (set by plans.py: no import cycle)
+_U8 = torch.uint8
+_new_tuple = tuple.__new__
 
 
 def _binding_checks() -> bool:
     """True when the bindings are the last line for CUDA tensors: the JIT backend, no debug checks.
 
-    Reads the settings' memoised flags (None until first resolved: then the full path resolves them)."""
+    Reads the settings' memoised flags (None until first resolved: then the full path resolves
+    them); the hot paths below read them inline (a function call costs about 0.1 µs)."""
     return _settings._JIT_ENABLED is True and _settings._DEBUG is False
 
 
-def _grad(*tensors: Any) -> bool:
-    """True when grad mode is on and a tensor requires grad (the full path then names it)."""
-    if not torch.is_grad_enabled():
-        return False
+def _needs_grad(*tensors: Any) -> bool:
+    """True when a tensor requires grad (asked only in grad mode: the full path then names it)."""
     return any(t is not None and t.requires_grad for t in tensors)
 
 
@@ -76,9 +81,10 @@ def compress_forward(buf: Any, inp: Any, ape: Any, plan: Any, head_dim: Any, rat
                                inp.dtype if out is None else out.dtype))
     except AttributeError:  # not tensors: the full path names the argument
         return None
-    if launch is None or not (type(head_dim) is int and type(ratio) is int and type(online) is bool):
+    if (launch is None or type(head_dim) is not int or type(ratio) is not int or type(online) is not bool
+            or not buf.is_cuda or _settings._DEBUG is not False or _settings._JIT_ENABLED is not True):
         return None
-    if not (buf.is_cuda and _binding_checks()) or _grad(buf, inp, ape, out):
+    if torch.is_grad_enabled() and _needs_grad(buf, inp, ape, out):
         return None
     rows = plan[1]
     if out is None:
@@ -103,10 +109,11 @@ def compress_and_store(buf: Any, inp: Any, ape: Any, plan: Any, head_dim: Any, r
                             bf16_store, page_size))
     except AttributeError:
         return None
-    if launch is None or not (type(head_dim) is int and type(ratio) is int and type(online) is bool
-                              and type(use_fp4) is bool and type(bf16_store) is bool and type(page_size) is int):
+    if (launch is None or type(head_dim) is not int or type(ratio) is not int or type(online) is not bool
+            or type(use_fp4) is not bool or type(bf16_store) is not bool or type(page_size) is not int
+            or not buf.is_cuda or _settings._DEBUG is not False or _settings._JIT_ENABLED is not True):
         return None
-    if not (buf.is_cuda and _binding_checks()) or _grad(buf, inp, ape, norm_weight, freq_cis):
+    if torch.is_grad_enabled() and _needs_grad(buf, inp, ape, norm_weight, freq_cis):
         return None
     try:
         launch(buf, inp, ape, plan[1], norm_weight, freq_cis, out_loc, kvcache, norm_eps, page_size)
@@ -122,9 +129,10 @@ def compress_norm_rope_store(kv: Any, plan: Any, store: tuple[Any, ...]) -> bool
         hit = STORE.get((type(plan), plan[0], kv.dtype, kv.shape[1], use_fp4, bf16_store, page_size))
     except (AttributeError, IndexError, TypeError):
         return None
-    if hit is None or not (type(use_fp4) is bool and type(bf16_store) is bool and type(page_size) is int):
+    if (hit is None or type(use_fp4) is not bool or type(bf16_store) is not bool or type(page_size) is not int
+            or not kv.is_cuda or _settings._DEBUG is not False or _settings._JIT_ENABLED is not True):
         return None
-    if not (kv.is_cuda and _binding_checks()) or _grad(kv, norm_weight, freq_cis):
+    if torch.is_grad_enabled() and _needs_grad(kv, norm_weight, freq_cis):
         return None
     launch, is_decode, ratio = hit
     try:
@@ -132,6 +140,46 @@ def compress_norm_rope_store(kv: Any, plan: Any, store: tuple[Any, ...]) -> bool
     except Exception:
         return None
     return True
+
+
+def _plan(ratio: int, plan_d: torch.Tensor, online: bool) -> Any:
+    """``CompressorDecodePlan(ratio, plan_d, is_online=online)`` without its ``__new__`` (about 1 µs)."""
+    plan = _new_tuple(_DecodePlan, (ratio, plan_d))
+    plan.is_online = online
+    return plan
+
+
+def decode_plan(ratio: Any, req_pool_indices: Any, req_to_token: Any, full_to_state: Any, seq_lens: Any,
+                swa_page_size: Any, ring_size: Any, use_req_ring: Any) -> Any:
+    """``CompressorDecodePlan.generate`` through the binding: the plan, or None (full path)."""
+    launch = PLANS.get((ratio, swa_page_size, ring_size, use_req_ring))
+    if (launch is None or type(ratio) is not int or type(swa_page_size) is not int or type(ring_size) is not int
+            or type(use_req_ring) is not bool or _settings._DEBUG is not False or _settings._JIT_ENABLED is not True):
+        return None
+    try:
+        if not req_pool_indices.is_cuda:
+            return None
+        out = torch.empty((req_pool_indices.shape[0], 16), dtype=_U8, device=req_pool_indices.device)
+        launch(out, req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size, use_req_ring)
+    except Exception:  # not tensors, or rejected before any launch: the full path names the argument
+        return None
+    return _plan(ratio, out, False)
+
+
+def online_decode_plan(seq_lens: Any, req_pool_indices: Any, req_to_token: Any, state_slot_offset: Any) -> Any:
+    """``CompressorDecodePlan.generate_online`` through the binding: the plan, or None (full path)."""
+    launch = PLANS.get(("online", state_slot_offset))
+    if (launch is None or type(state_slot_offset) is not int or _settings._DEBUG is not False
+            or _settings._JIT_ENABLED is not True):
+        return None
+    try:
+        if not req_pool_indices.is_cuda:
+            return None
+        out = torch.empty((req_pool_indices.shape[0], 16), dtype=_U8, device=req_pool_indices.device)
+        launch(out, req_pool_indices, req_to_token, seq_lens, state_slot_offset)
+    except Exception:
+        return None
+    return _plan(128, out, True)
 
 
 # --------------------------------------------------------------------------
@@ -159,7 +207,7 @@ def remember_compress(call: Any, plan: Any, head_dim: int, ratio: int, online: b
         if key not in COMPRESS:
             module = cc._module(layer.ratio, layer.online, layer.head_dim, inp.dtype, pool.dtype, out_dtype, "none",
                                 "auto")
-            COMPRESS[key] = module.compress_decode
+            COMPRESS[key] = _no_gil(module.compress_decode)
         return
     if inp.dtype is not torch.float32:  # bf16 input: the backend rounds the weight per call (full path)
         return
@@ -170,7 +218,7 @@ def remember_compress(call: Any, plan: Any, head_dim: int, ratio: int, online: b
     if key not in FUSED:
         module = cc._module(layer.ratio, layer.online, layer.head_dim, inp.dtype, pool.dtype, inp.dtype, fmt.name,
                             "auto")
-        FUSED[key] = module.compress_store_decode
+        FUSED[key] = _no_gil(module.compress_store_decode)
 
 
 def remember_store(call: Any, plan: Any) -> None:
@@ -184,4 +232,37 @@ def remember_store(call: Any, plan: Any) -> None:
     fmt = st.fmt
     key = (type(plan), plan[0], kv.dtype, kv.shape[1], fmt.name == "idx_fp4", fmt.name == "bf16", st.page_size)
     if key not in STORE:
-        STORE[key] = (cs.store_module(fmt, kv.dtype).forward_checked, call.is_decode, call.ratio)
+        STORE[key] = (_no_gil(cs.store_module(fmt, kv.dtype).forward_checked), call.is_decode, call.ratio)
+
+
+def remember_decode_plan(plan: Any, ratio: int, swa_page_size: int, ring_size: int, use_req_ring: bool) -> None:
+    """Learn the scalars of a ``CompressorDecodePlan.generate`` call the full path built on the GPU."""
+    device = plan[1].get_device()
+    if not _learnable(device):
+        return
+    key = (ratio, swa_page_size, ring_size, use_req_ring)
+    if key not in PLANS:
+        from .cuda_ops import plans as cp
+
+        PLANS[key] = _no_gil(cp._module(ratio, False).decode_checked)
+
+
+def remember_online_decode_plan(plan: Any, state_slot_offset: int) -> None:
+    """Learn the offset of a ``CompressorDecodePlan.generate_online`` call the full path built on the GPU."""
+    if not _learnable(plan[1].get_device()):
+        return
+    key = ("online", state_slot_offset)
+    if key not in PLANS:
+        from .cuda_ops import plans as cp
+
+        PLANS[key] = _no_gil(cp._module(128, True).decode_checked)
+
+
+def _no_gil(fn: Any) -> Any:
+    """``fn`` (a tvm-ffi function) called without releasing the GIL: the bindings only check and
+    launch (as a torch op does with the GIL held); releasing and taking it back costs per call."""
+    try:
+        fn.release_gil = False
+    except AttributeError:  # a test's stand-in
+        pass
+    return fn
