@@ -107,9 +107,14 @@ def noop_bindings():
     memos = (F.COMPRESS, F.FUSED, F.STORE, F.PLANS)
     saved = [dict(m) for m in memos]
     noop = lambda *a: None  # noqa: E731
+    plan_rows = torch.empty((0, 16), dtype=torch.uint8)
+    alloc = lambda *a: plan_rows  # noqa: E731  (decode_alloc's stand-in: returns rows)
     for m in memos:
         for k, v in m.items():
-            m[k] = (noop, *v[1:]) if type(v) is tuple else noop
+            if m is F.PLANS:
+                m[k] = (alloc if v[1] else noop, v[1])
+            else:
+                m[k] = (noop, *v[1:]) if type(v) is tuple else noop
     try:
         yield
     finally:
@@ -139,7 +144,7 @@ def binding_rows(b, s, layer, store, what: str, ops: list, plan_call, iters: int
     comp = next(iter(F.COMPRESS.values()), None)
     fused = next(iter(F.FUSED.values()), None)
     st = next(iter(F.STORE.values()), (None,))[0]
-    dplan = next(iter(F.PLANS.values()), None)
+    dplan, dplan_allocates = next(iter(F.PLANS.values()), (None, False))
     rows0 = s.plan[1][:0]
     inp0, out0, kv0, loc0 = s.inp[:0], s.out[:0], s.kv[:0], s.out_loc[:0]
     world = b.world
@@ -153,6 +158,9 @@ def binding_rows(b, s, layer, store, what: str, ops: list, plan_call, iters: int
     else:
         plan_args = lambda p, r, q: (p, r, world.req_to_token, world.full_to_state, q, C.SWA_PAGE, layer.ring,  # noqa: E731
                                      False)
+    if dplan_allocates:  # decode_alloc: no rows argument
+        plain_args = plan_args
+        plan_args = lambda p, r, q: plain_args(p, r, q)[1:]  # noqa: E731
     bindings = {
         "compress_forward": (comp, (b.state, inp0, b.ape, rows0, out0), (b.state, s.inp, b.ape, s.plan[1], s.out)),
         "compress_norm_rope_store": (st, (kv0, rows0, b.norm_weight, eps, freq, loc0, cache, page, True, layer.ratio),
@@ -168,7 +176,8 @@ def binding_rows(b, s, layer, store, what: str, ops: list, plan_call, iters: int
         binding, args0, args = bindings[name]
         with noop_bindings():
             py, _ = full_call_us(fn, iters, timer)
-        rows.append([label, "fast: Python (binding a no-op)", f"{py:.1f}", "API + key lookup + type/grad checks"])
+        rows.append([label, "fast: Python (binding a no-op)", f"{py:.1f}", "API + key lookup + type/grad checks" +
+                     (" (plan: rows allocated in C++)" if name.startswith("Compressor") and dplan_allocates else "")])
         if binding is None:
             rows.append([label, "fast: binding", "-", "no key learnt (not a fast-path call)"])
         else:

@@ -37,6 +37,8 @@
 //   regular: decode_checked(same arguments as decode)   the tables contiguous in every mode
 //   online:  decode_checked(out, req_pool_indices, req_to_token i32[R,L], seq_lens,
 //                           state_slot_offset)           req_to_token checked, offset <= INT32_MAX - R
+// decode_alloc(decode_checked's arguments without out) -> out: the rows allocated here through the
+//   caller's allocator (TVMFFIEnvTensorAlloc; torch's for torch tensors), then decode_checked
 // Both:
 //   layout_info() -> str, JSON of the C++ plan layouts (host only; no GPU needed)
 //
@@ -96,6 +98,18 @@ inline int64_t check_plan_rows(const TensorView& t, const char* name, int64_t ro
 
 inline void check_index_vector(const TensorView& t, const char* name, int64_t n, DLDevice dev) {
   chk::check_tensor(t, name, chk::kInt64, {n}, dev);
+}
+
+// The DecodePlan rows of decode_alloc: uint8 [B, 16] on the device of req_pool_indices (a GPU
+// tensor, int64 [B]), from the caller's allocator (TVMFFIEnvTensorAlloc: torch's, set by tvm-ffi
+// for a call with torch tensors; it allocates on the device's current stream, as torch.empty does).
+inline tvm::ffi::Tensor alloc_decode_rows(const TensorView& req_pool_indices) {
+  chk::check_device_type(req_pool_indices, "req_pool_indices", chk::kGpuDeviceType);
+  chk::check_dtype(req_pool_indices, "req_pool_indices", chk::kInt64);
+  chk::check_ndim(req_pool_indices, "req_pool_indices", 1);
+  const int64_t shape[2] = {req_pool_indices.size(0), kDecodePlanBytes};
+  return tvm::ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, tvm::ffi::ShapeView(shape, 2), chk::kUInt8,
+                                        req_pool_indices.device());
 }
 
 // Checks the addressing tables and scalars of the regular variants; see StateAddressing.
@@ -305,6 +319,16 @@ struct PlanBinding<kRatio, false> {
     decode(out, req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size, use_req_ring);
   }
 
+  // decode_checked into rows it allocates (alloc_decode_rows): the plan tensor, one argument less.
+  static tvm::ffi::Tensor decode_alloc(TensorView req_pool_indices, TensorView req_to_token,
+                                       TensorView full_to_state, TensorView seq_lens, int64_t swa_page_size,
+                                       int64_t ring_size, bool use_req_ring) {
+    tvm::ffi::Tensor out = alloc_decode_rows(req_pool_indices);
+    decode_checked(out, req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size,
+                   use_req_ring);
+    return out;
+  }
+
   static void prefill_stage1(TensorView plan_c, TensorView plan_w, int64_t num_c, int64_t num_w,
                              TensorView req_pool_indices, TensorView req_to_token,
                              TensorView full_to_state, int64_t swa_page_size, int64_t ring_size,
@@ -364,6 +388,14 @@ struct PlanBinding<kRatio, true> {
     chk::check_same_device(req_to_token, "req_to_token", dev);
     chk::check_range(state_slot_offset, "state_slot_offset", 0, kInt32Max - req_to_token.size(0));
     decode(out, req_pool_indices, seq_lens, state_slot_offset);
+  }
+
+  // decode_checked into rows it allocates (alloc_decode_rows).
+  static tvm::ffi::Tensor decode_alloc(TensorView req_pool_indices, TensorView req_to_token, TensorView seq_lens,
+                                       int64_t state_slot_offset) {
+    tvm::ffi::Tensor out = alloc_decode_rows(req_pool_indices);
+    decode_checked(out, req_pool_indices, req_to_token, seq_lens, state_slot_offset);
+    return out;
   }
 
   static void prefill_stage1(TensorView plan_c, TensorView plan_w, int64_t num_c, int64_t num_w,

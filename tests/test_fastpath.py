@@ -271,8 +271,9 @@ def test_the_fast_memos_are_jit_module_memos(gpu_like: Backend) -> None:
     """``jit.clear_memo`` (and a settings reload) forget the loaded bindings."""
     from flashcompress import jit
 
-    F.COMPRESS["k"] = F.FUSED["k"] = F.PLANS["k"] = object()
+    F.COMPRESS["k"] = F.FUSED["k"] = object()
     F.STORE["k"] = (object(), True, 4)
+    F.PLANS["k"] = (object(), False)
     jit.clear_memo()
     assert not F.COMPRESS and not F.FUSED and not F.STORE and not F.PLANS
 
@@ -291,33 +292,50 @@ def online_decode_kwargs() -> dict[str, Any]:
     return make()
 
 
-def _install_plan(fn, kw: dict[str, Any], binding: FakeBinding) -> None:
+def _install_plan(fn, kw: dict[str, Any], binding: FakeBinding, allocates: bool = False) -> None:
     if fn is GEN:
-        F.PLANS[(kw["compress_ratio"], kw["swa_page_size"], kw["ring_size"], kw.get("use_req_ring", False))] = binding
+        key = (kw["compress_ratio"], kw["swa_page_size"], kw["ring_size"], kw.get("use_req_ring", False))
     else:
-        F.PLANS[("online", kw.get("state_slot_offset", 0))] = binding
+        key = ("online", kw.get("state_slot_offset", 0))
+    F.PLANS[key] = (binding, allocates)
 
 
 PLAN_OPS = {"generate": (GEN, decode_kwargs), "generate_online": (GEN_ONLINE, online_decode_kwargs)}
 
 
+class AllocBinding(FakeBinding):
+    """``decode_alloc``: returns the rows it allocated."""
+
+    def __call__(self, *args: Any) -> torch.Tensor:
+        super().__call__(*args)
+        self.rows = torch.zeros((args[0].shape[0], 16), dtype=torch.uint8)
+        return self.rows
+
+
+@pytest.mark.parametrize("allocates", [False, True])
 @pytest.mark.parametrize("op", list(PLAN_OPS))
-def test_a_known_plan_call_goes_straight_to_the_binding(op: str, gpu_like: Backend, monkeypatch) -> None:
+def test_a_known_plan_call_goes_straight_to_the_binding(op: str, allocates: bool, gpu_like: Backend,
+                                                        monkeypatch) -> None:
     fn, make = PLAN_OPS[op]
     kw = _gpu(make())
-    binding = FakeBinding()
-    _install_plan(fn, kw, binding)
+    binding = AllocBinding() if allocates else FakeBinding()
+    _install_plan(fn, kw, binding, allocates)
     monkeypatch.setattr(V, "check_world", lambda *a, **k: (_ for _ in ()).throw(AssertionError("checks ran")))
     plan = fn(**kw)
     assert type(plan) is CompressorDecodePlan and plan.is_online is (fn is GEN_ONLINE)
     assert plan[0] == (128 if fn is GEN_ONLINE else 4) and plan[1].shape == (2, 16) and plan[1].dtype == torch.uint8
     (args,) = binding.calls
-    assert args[0] is plan[1] and args[1] is kw["req_pool_indices"]
+    if allocates:
+        assert plan[1] is binding.rows
+    else:
+        assert args[0] is plan[1]
+        args = args[1:]
+    assert args[0] is kw["req_pool_indices"]
     if fn is GEN:
         want = (kw["req_to_token"], kw["full_to_state"], kw["seq_lens"], 256, 8, False)
     else:
         want = (kw["req_to_token"], kw["seq_lens"], 0)
-    assert all(a is b or a == b for a, b in zip(args[2:], want)) and len(args) == 2 + len(want)
+    assert all(a is b or a == b for a, b in zip(args[1:], want)) and len(args) == 1 + len(want)
 
 
 PLAN_BAD = [(c[0], c[2], c[3]) for c in CASES if c[2] in (GEN, GEN_ONLINE)]

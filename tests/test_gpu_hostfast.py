@@ -308,3 +308,47 @@ def test_debug_mode_switched_on_mid_process_runs_the_value_checks(monkeypatch: p
     finally:
         monkeypatch.delenv("FLASHCOMPRESS_DEBUG")
         settings.forget_settings()
+
+
+def test_the_plan_binding_allocates_its_rows_through_torch() -> None:
+    """``decode_alloc`` (rows from torch's allocator, through tvm-ffi's environment) is what a learnt
+    generate call uses; the rows are an ordinary CUDA tensor that outlives the call."""
+    import gc
+
+    kw = plan_kwargs()
+    want = fc.CompressorDecodePlan.generate(**kw)  # learns the key (and probes the allocator)
+    ((_, allocates),) = F.PLANS.values()
+    assert allocates, "decode_alloc could not allocate: the fast plan path allocates in Python"
+    got = fc.CompressorDecodePlan.generate(**kw)
+    gc.collect()
+    torch.cuda.synchronize()
+    rows = got[1]
+    assert type(rows) is torch.Tensor and rows.device == DEV and rows.dtype == torch.uint8 and rows.is_contiguous()
+    assert torch.equal(rows, want[1])
+    junk = torch.full((1 << 20,), 7, dtype=torch.uint8, device=DEV)  # reuse of a freed block would show here
+    torch.cuda.synchronize()
+    assert torch.equal(rows, want[1]) and junk.sum() > 0
+
+
+def test_fast_path_calls_capture_in_a_cuda_graph() -> None:
+    """generate + compress_and_store + compress_norm_rope_store, learnt eagerly, then captured and
+    replayed: the replay writes the bytes of the eager calls."""
+    pk = plan_kwargs()
+    fused, st = fused_kwargs(), main_store_kwargs()
+    eager_f, eager_s = _fresh(fused), _fresh(st)
+    fc.CompressorDecodePlan.generate(**pk)
+    fc.compress_and_store(**eager_f)
+    fc.compress_norm_rope_store(**eager_s)
+    assert F.PLANS and F.FUSED and F.STORE
+    graph_f, graph_s = _fresh(fused), _fresh(st)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan = fc.CompressorDecodePlan.generate(**pk)
+        fc.compress_and_store(**dict(graph_f, plan=plan))
+        fc.compress_norm_rope_store(**dict(graph_s, plan=plan))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_f["kvcache"], eager_f["kvcache"])
+    assert torch.equal(graph_f["kv_score_buffer"], eager_f["kv_score_buffer"])
+    assert torch.equal(graph_s["kvcache"], eager_s["kvcache"])

@@ -49,9 +49,10 @@ FUSED: dict[tuple[Any, ...], Callable[..., None]] = module_memo()
 #   -> (forward_checked of the variant, is_decode, ratio)
 STORE: dict[tuple[Any, ...], tuple[Callable[..., None], bool, int]] = module_memo()
 
-# (compress_ratio, swa_page_size, ring_size, use_req_ring) -> decode_checked of the plan variant;
-# ("online", state_slot_offset) -> decode_checked of the online variant
-PLANS: dict[tuple[Any, ...], Callable[..., None]] = module_memo()
+# (compress_ratio, swa_page_size, ring_size, use_req_ring) / ("online", state_slot_offset)
+#   -> (the plan variant's decode_alloc, True) where the binding can allocate through torch's
+#      allocator, else (its decode_checked, False): the rows are then allocated here
+PLANS: dict[tuple[Any, ...], tuple[Callable[..., Any], bool]] = module_memo()
 
 _DecodePlan: type | None = None  # plans.CompressorDecodePlan (set by plans.py: no import cycle)
 _U8 = torch.uint8
@@ -152,15 +153,21 @@ def _plan(ratio: int, plan_d: torch.Tensor, online: bool) -> Any:
 def decode_plan(ratio: Any, req_pool_indices: Any, req_to_token: Any, full_to_state: Any, seq_lens: Any,
                 swa_page_size: Any, ring_size: Any, use_req_ring: Any) -> Any:
     """``CompressorDecodePlan.generate`` through the binding: the plan, or None (full path)."""
-    launch = PLANS.get((ratio, swa_page_size, ring_size, use_req_ring))
-    if (launch is None or type(ratio) is not int or type(swa_page_size) is not int or type(ring_size) is not int
+    hit = PLANS.get((ratio, swa_page_size, ring_size, use_req_ring))
+    if (hit is None or type(ratio) is not int or type(swa_page_size) is not int or type(ring_size) is not int
             or type(use_req_ring) is not bool or _settings._DEBUG is not False or _settings._JIT_ENABLED is not True):
         return None
+    launch, allocates = hit
     try:
         if not req_pool_indices.is_cuda:
             return None
-        out = torch.empty((req_pool_indices.shape[0], 16), dtype=_U8, device=req_pool_indices.device)
-        launch(out, req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size, use_req_ring)
+        if allocates:
+            out = launch(req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size,
+                         use_req_ring)
+        else:
+            out = torch.empty((req_pool_indices.shape[0], 16), dtype=_U8, device=req_pool_indices.device)
+            launch(out, req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size,
+                   use_req_ring)
     except Exception:  # not tensors, or rejected before any launch: the full path names the argument
         return None
     return _plan(ratio, out, False)
@@ -168,15 +175,19 @@ def decode_plan(ratio: Any, req_pool_indices: Any, req_to_token: Any, full_to_st
 
 def online_decode_plan(seq_lens: Any, req_pool_indices: Any, req_to_token: Any, state_slot_offset: Any) -> Any:
     """``CompressorDecodePlan.generate_online`` through the binding: the plan, or None (full path)."""
-    launch = PLANS.get(("online", state_slot_offset))
-    if (launch is None or type(state_slot_offset) is not int or _settings._DEBUG is not False
+    hit = PLANS.get(("online", state_slot_offset))
+    if (hit is None or type(state_slot_offset) is not int or _settings._DEBUG is not False
             or _settings._JIT_ENABLED is not True):
         return None
+    launch, allocates = hit
     try:
         if not req_pool_indices.is_cuda:
             return None
-        out = torch.empty((req_pool_indices.shape[0], 16), dtype=_U8, device=req_pool_indices.device)
-        launch(out, req_pool_indices, req_to_token, seq_lens, state_slot_offset)
+        if allocates:
+            out = launch(req_pool_indices, req_to_token, seq_lens, state_slot_offset)
+        else:
+            out = torch.empty((req_pool_indices.shape[0], 16), dtype=_U8, device=req_pool_indices.device)
+            launch(out, req_pool_indices, req_to_token, seq_lens, state_slot_offset)
     except Exception:
         return None
     return _plan(128, out, True)
@@ -235,19 +246,24 @@ def remember_store(call: Any, plan: Any) -> None:
         STORE[key] = (_no_gil(cs.store_module(fmt, kv.dtype).forward_checked), call.is_decode, call.ratio)
 
 
-def remember_decode_plan(plan: Any, ratio: int, swa_page_size: int, ring_size: int, use_req_ring: bool) -> None:
-    """Learn the scalars of a ``CompressorDecodePlan.generate`` call the full path built on the GPU."""
-    device = plan[1].get_device()
-    if not _learnable(device):
+def remember_decode_plan(plan: Any, ratio: int, swa_page_size: int, ring_size: int, use_req_ring: bool,
+                         req_pool_indices: torch.Tensor, req_to_token: torch.Tensor, full_to_state: torch.Tensor,
+                         seq_lens: torch.Tensor) -> None:
+    """Learn the scalars of a ``CompressorDecodePlan.generate`` call the full path built on the GPU
+    (its tensors: for the allocator probe of ``_plan_entry``)."""
+    if not _learnable(plan[1].get_device()):
         return
     key = (ratio, swa_page_size, ring_size, use_req_ring)
     if key not in PLANS:
         from .cuda_ops import plans as cp
 
-        PLANS[key] = _no_gil(cp._module(ratio, False).decode_checked)
+        module = cp._module(ratio, False)
+        PLANS[key] = _plan_entry(module, req_pool_indices[:0], req_to_token, full_to_state, seq_lens[:0],
+                                 swa_page_size, ring_size, use_req_ring)
 
 
-def remember_online_decode_plan(plan: Any, state_slot_offset: int) -> None:
+def remember_online_decode_plan(plan: Any, state_slot_offset: int, req_pool_indices: torch.Tensor,
+                                req_to_token: torch.Tensor, seq_lens: torch.Tensor) -> None:
     """Learn the offset of a ``CompressorDecodePlan.generate_online`` call the full path built on the GPU."""
     if not _learnable(plan[1].get_device()):
         return
@@ -255,7 +271,22 @@ def remember_online_decode_plan(plan: Any, state_slot_offset: int) -> None:
     if key not in PLANS:
         from .cuda_ops import plans as cp
 
-        PLANS[key] = _no_gil(cp._module(128, True).decode_checked)
+        module = cp._module(128, True)
+        PLANS[key] = _plan_entry(module, req_pool_indices[:0], req_to_token, seq_lens[:0], state_slot_offset)
+
+
+def _plan_entry(module: Any, *probe: Any) -> tuple[Callable[..., Any], bool]:
+    """``(decode_alloc, True)`` when the binding allocates through the caller's allocator (probed
+    once on zero-row views of the learnt call: allocates nothing, launches nothing), else
+    ``(decode_checked, False)``."""
+    alloc = _no_gil(module.decode_alloc)
+    try:
+        rows = alloc(*probe)
+        if isinstance(rows, torch.Tensor) and rows.shape == (0, 16) and rows.dtype == torch.uint8 and rows.is_cuda:
+            return alloc, True
+    except Exception:  # noqa: BLE001  (no allocator in this tvm-ffi environment)
+        pass
+    return _no_gil(module.decode_checked), False
 
 
 def _no_gil(fn: Any) -> Any:

@@ -141,7 +141,8 @@ class CompressorDecodePlan(_PlanBase):
         plan_d = plans_backend(device).decode_plan(ratio, req_pool_indices, req_to_token, full_to_state, seq,
                                                    swa_page_size, ring_size, use_req_ring)
         plan = CompressorDecodePlan(ratio, plan_d, is_online=False)
-        _fastpath.remember_decode_plan(plan, ratio, swa_page_size, ring_size, use_req_ring)
+        _fastpath.remember_decode_plan(plan, ratio, swa_page_size, ring_size, use_req_ring, req_pool_indices,
+                                       req_to_token, full_to_state, seq)
         return plan
 
     @staticmethod
@@ -186,7 +187,7 @@ class CompressorDecodePlan(_PlanBase):
             return CompressorDecodePlan(128, _empty(PLAN_ROW_BYTES, device), is_online=True)
         plan_d = plans_backend(device).online_decode_plan(seq, req_pool_indices, state_slot_offset)
         plan = CompressorDecodePlan(128, plan_d, is_online=True)
-        _fastpath.remember_online_decode_plan(plan, state_slot_offset)
+        _fastpath.remember_online_decode_plan(plan, state_slot_offset, req_pool_indices, req_to_token, seq)
         return plan
 
 
