@@ -156,8 +156,8 @@ def binding_rows(b, s, layer, store, what: str, ops: list, plan_call, iters: int
     if layer.online:
         plan_args = lambda p, r, q: (p, r, world.req_to_token, q, 0)  # noqa: E731
     else:
-        plan_args = lambda p, r, q: (p, r, world.req_to_token, world.full_to_state, q, C.SWA_PAGE, layer.ring,  # noqa: E731
-                                     False)
+        r2t, f2s = world.req_to_token, world.full_to_state
+        plan_args = lambda p, r, q: (p, r, r2t, f2s, q, C.SWA_PAGE, layer.ring, False)  # noqa: E731
     if dplan_allocates:  # decode_alloc: no rows argument
         plain_args = plan_args
         plan_args = lambda p, r, q: plain_args(p, r, q)[1:]  # noqa: E731
@@ -183,16 +183,18 @@ def binding_rows(b, s, layer, store, what: str, ops: list, plan_call, iters: int
         else:
             no_launch, _ = full_call_us(lambda: binding(*args0), iters, timer)
             launch, note = full_call_us(lambda: binding(*args), iters, timer)
-            rows.append([label, "fast: binding, no launch (0 rows)", f"{no_launch:.1f}", "tvm-ffi conversion + C++ checks"])
+            rows.append([label, "fast: binding, no launch (0 rows)", f"{no_launch:.1f}",
+                         "tvm-ffi conversion + C++ checks"])
             rows.append([label, "fast: binding + launch", f"{launch:.1f}", note])
-            rows.append([label, "launch (the two above, subtracted)", f"{launch - no_launch:.1f}", "guard, stream, launch"])
+            rows.append([label, "launch (the two above, subtracted)", f"{launch - no_launch:.1f}",
+                         "guard, stream, launch"])
         us, note = full_call_us(fn, iters, timer)
         rows.append([label, "fast: public call", f"{us:.1f}", note])
         with fast_path_off():
             us, note = full_call_us(fn, iters, timer)
         rows.append([label, "full path (fastpath off)", f"{us:.1f}", note])
-    rows.append(["store module page_bytes(64)", "ffi floor: no tensor arguments",
-                 f"{full_call_us(lambda: cs.store_module(fmt, torch.float32).page_bytes(64), iters, timer)[0]:.1f}", ""])
+    floor, _ = full_call_us(lambda: cs.store_module(fmt, torch.float32).page_bytes(64), iters, timer)
+    rows.append(["store module page_bytes(64)", "ffi floor: no tensor arguments", f"{floor:.1f}", ""])
     if peer:
         rows.extend(peer_rows(b, s, layer, store, what, cache, rpi, seq, iters, timer))
     return rows
@@ -324,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         if online:
             plan_call = lambda: CompressorDecodePlan.generate_online(seq, rpi, r2t)  # noqa: E731
         else:
-            plan_call = lambda: CompressorDecodePlan.generate(r, rpi, r2t, f2s, seq, C.SWA_PAGE, layer.ring)  # noqa: E731
+            ring = layer.ring
+            plan_call = lambda: CompressorDecodePlan.generate(r, rpi, r2t, f2s, seq, C.SWA_PAGE, ring)  # noqa: E731
         rows.extend(binding_rows(b, s, layer, store, what, ops, plan_call, args.iters or 200, timer, args.peer))
     backend = "jit" if cuda and D.ops_backend(dev).__name__.endswith("cuda_ops.ops") else "torch"
     print(f"device={dev} ({C.device_name(dev)}) batch={args.batch} torch={torch.__version__} backend={backend} "

@@ -361,10 +361,11 @@ def bench_peer_host(world, args, rng: random.Random) -> None:
         for mode in HOST_MODES:
             ratio, ring, req_ring, online = MODES[mode]
             if online:
-                ours = [lambda b=b: CompressorPrefillPlan.generate_online(b[1], b[2], b[0], r2t, tokens) for b in batches]
+                ours = [lambda b=b: CompressorPrefillPlan.generate_online(b[1], b[2], b[0], r2t, tokens)
+                        for b in batches]
             else:
-                ours = [lambda b=b: CompressorPrefillPlan.generate(ratio, b[0], b[1], b[2], r2t, f2s, PAGE, ring, tokens,
-                                                                   False, req_ring) for b in batches]
+                ours = [lambda b=b: CompressorPrefillPlan.generate(ratio, b[0], b[1], b[2], r2t, f2s, PAGE, ring,
+                                                                   tokens, False, req_ring) for b in batches]
             fc_us = time_eager(ours, max(20, args.iters // 4))
             try:
                 if online:
