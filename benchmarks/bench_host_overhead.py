@@ -111,7 +111,7 @@ def noop_bindings():
     alloc = lambda *a: plan_rows  # noqa: E731  (decode_alloc's stand-in: returns rows)
     for m in memos:
         for k, v in m.items():
-            if m is F.PLANS:
+            if m is F.PLANS or m is F.COMPRESS:  # (binding, allocates)
                 m[k] = (alloc if v[1] else noop, v[1])
             else:
                 m[k] = (noop, *v[1:]) if type(v) is tuple else noop
@@ -141,7 +141,7 @@ def binding_rows(b, s, layer, store, what: str, ops: list, plan_call, iters: int
     for _, fn in ops:
         fn()  # learns the keys
     plan_call()
-    comp = next(iter(F.COMPRESS.values()), None)
+    comp = next(iter(F.COMPRESS.values()), (None,))[0]  # the call passes out: compress_decode
     fused = next(iter(F.FUSED.values()), None)
     st = next(iter(F.STORE.values()), (None,))[0]
     dplan, dplan_allocates = next(iter(F.PLANS.values()), (None, False))

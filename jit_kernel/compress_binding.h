@@ -8,6 +8,8 @@
 //   compress_store(state, input, ape, plan, plan_w, norm_weight, freq, out_loc,
 //                  kvcache, norm_eps, page_size, is_decode)            store variants
 //   compress_decode(state, input, ape, plan, out)                      kNone, decode plan
+//   compress_decode_alloc(state, input, ape, plan) -> out               the same into rows it
+//                                    allocates through the caller's allocator (TVMFFIEnvTensorAlloc)
 //   compress_store_decode(state, input, ape, plan, norm_weight, freq, out_loc, kvcache,
 //                         norm_eps, page_size)                         store variants, decode plan
 // Every name is exported by every variant (one export list per family); one that does not
@@ -130,6 +132,19 @@ struct CompressBinding {
   static void compress_decode(TensorView state, TensorView input, TensorView ape, TensorView plan,
                               TensorView out) {
     compress(state, input, ape, plan, plan, out, true);
+  }
+
+  // compress_decode into rows it allocates: [plan rows, H] TOut on the state's device, from the
+  // caller's allocator (TVMFFIEnvTensorAlloc: torch's, on the current stream, as torch.empty).
+  static tvm::ffi::Tensor compress_decode_alloc(TensorView state, TensorView input, TensorView ape,
+                                                TensorView plan) {
+    chk::check_device_type(state, "kv_score_buffer", chk::kGpuDeviceType);
+    chk::check_tensor(plan, "plan[1]", chk::kUInt8, {chk::kAnySize, kCompressPlanBytes}, state.device());
+    const int64_t shape[2] = {plan.size(0), kHeadDim};
+    tvm::ffi::Tensor out = tvm::ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, tvm::ffi::ShapeView(shape, 2),
+                                                          dl_dtype(kOut), state.device());
+    compress(state, input, ape, plan, plan, out, true);
+    return out;
   }
 
   // compress_and_store: compressed rows straight into the paged cache.

@@ -104,7 +104,7 @@ def _compress_key(kw: dict[str, Any]) -> tuple[Any, ...]:
     out = kw.get("out")
     inp = kw["kv_score_input"]
     return (p[0], p.is_online, kw["compress_ratio"], kw["head_dim"], kw.get("is_online", False),
-            kw["kv_score_buffer"].dtype, inp.dtype, inp.dtype if out is None else out.dtype)
+            kw["kv_score_buffer"].dtype, inp.dtype, None if out is None else out.dtype)
 
 
 def _fused_key(kw: dict[str, Any]) -> tuple[Any, ...]:
@@ -123,7 +123,7 @@ def _store_key(kw: dict[str, Any]) -> tuple[Any, ...]:
 # op, kwargs, install a fake binding under the valid call's key
 OPS = {
     "compress_forward": (compress_forward, decode_compress_kwargs,
-                         lambda kw, b: F.COMPRESS.__setitem__(_compress_key(kw), b)),
+                         lambda kw, b: F.COMPRESS.__setitem__(_compress_key(kw), (b, False))),
     "compress_and_store": (compress_and_store, fused_kwargs, lambda kw, b: F.FUSED.__setitem__(_fused_key(kw), b)),
     "compress_norm_rope_store": (compress_norm_rope_store, lambda: _gpu(store_kwargs()),
                                  lambda kw, b: F.STORE.__setitem__(_store_key(kw), (b, True, 4))),
@@ -239,7 +239,7 @@ def test_debug_mode_grad_mode_and_cpu_tensors_never_use_the_binding(op: str, gpu
 def test_scalars_of_another_type_never_use_the_binding(gpu_like: Backend) -> None:
     kw, fused, st = decode_compress_kwargs(), fused_kwargs(), _gpu(store_kwargs())
     bindings = [FakeBinding() for _ in range(3)]
-    F.COMPRESS[_compress_key(kw)] = bindings[0]
+    F.COMPRESS[_compress_key(kw)] = (bindings[0], False)
     F.FUSED[_fused_key(fused)] = bindings[1]
     F.STORE[_store_key(st)] = (bindings[2], True, 4)
     with pytest.raises(TypeError, match="^head_dim: expected an int"):
@@ -271,7 +271,8 @@ def test_the_fast_memos_are_jit_module_memos(gpu_like: Backend) -> None:
     """``jit.clear_memo`` (and a settings reload) forget the loaded bindings."""
     from flashcompress import jit
 
-    F.COMPRESS["k"] = F.FUSED["k"] = object()
+    F.COMPRESS["k"] = (object(), False)
+    F.FUSED["k"] = object()
     F.STORE["k"] = (object(), True, 4)
     F.PLANS["k"] = (object(), False)
     jit.clear_memo()
@@ -304,7 +305,7 @@ PLAN_OPS = {"generate": (GEN, decode_kwargs), "generate_online": (GEN_ONLINE, on
 
 
 class AllocBinding(FakeBinding):
-    """``decode_alloc``: returns the rows it allocated."""
+    """An allocating export (``decode_alloc``, ``compress_decode_alloc``): returns the rows it allocated."""
 
     def __call__(self, *args: Any) -> torch.Tensor:
         super().__call__(*args)
@@ -367,3 +368,20 @@ def test_plan_keys_are_learnt_only_from_binding_checked_devices(gpu_like: Backen
     GEN(**decode_kwargs())
     GEN_ONLINE(**online_decode_kwargs())
     assert not F.PLANS
+
+
+@pytest.mark.parametrize("allocates", [False, True])
+def test_compress_forward_without_out(allocates: bool, gpu_like: Backend) -> None:
+    """``out=None``: the allocating binding returns the rows (or they are allocated here first)."""
+    kw = decode_compress_kwargs()
+    del kw["out"]
+    binding = AllocBinding() if allocates else FakeBinding()
+    F.COMPRESS[_compress_key(kw)] = (binding, allocates)
+    with torch.no_grad():
+        got = compress_forward(**kw)
+    (args,) = binding.calls
+    if allocates:
+        assert got is binding.rows and len(args) == 4
+    else:
+        assert args[4] is got and got.shape == (2, H) and got.dtype == kw["kv_score_input"].dtype
+    assert args[3] is kw["plan"][1] and gpu_like.ran == []

@@ -86,8 +86,16 @@ def fused_kwargs() -> dict[str, Any]:
                 kvcache=torch.zeros(2, INDEXER_FP8.page_bytes(64), dtype=torch.uint8, device=DEV), page_size=64)
 
 
+def compress_alloc_kwargs() -> dict[str, Any]:
+    """compress_forward with ``out=None`` (the binding allocates the rows)."""
+    kw = compress_kwargs()
+    del kw["out"]
+    return kw
+
+
 OPS: dict[str, tuple[Callable, Callable[[], dict[str, Any]]]] = {
     "compress_forward": (fc.compress_forward, compress_kwargs),
+    "compress_forward_alloc": (fc.compress_forward, compress_alloc_kwargs),
     "compress_norm_rope_store": (fc.compress_norm_rope_store, main_store_kwargs),
     "compress_and_store": (fc.compress_and_store, fused_kwargs),
     "generate": (fc.CompressorDecodePlan.generate, plan_kwargs),
@@ -105,7 +113,7 @@ def _fresh(kw: dict[str, Any]) -> dict[str, Any]:
 def _result(op: str, kw: dict[str, Any], ret: Any) -> list[torch.Tensor]:
     if op.startswith("generate"):
         return [ret[1]]
-    return [kw[k] for k in WRITTEN if k in kw]
+    return [kw[k] for k in WRITTEN if k in kw] + ([ret] if op == "compress_forward_alloc" else [])
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -224,7 +232,8 @@ def _bad(op: str) -> list[tuple[str, Callable[[dict[str, Any]], None]]]:
     ]
     online_plan = [("offset_negative", set_("state_slot_offset", lambda k: -1)),
                    ("offset_overflows_i32", set_("state_slot_offset", lambda k: 2**31 - 2))]
-    return {"compress_forward": compress + out, "compress_and_store": compress + tail,
+    return {"compress_forward": compress + out, "compress_forward_alloc": compress,
+            "compress_and_store": compress + tail,
             "compress_norm_rope_store": tail + store_only, "generate": plan + regular_plan,
             "generate_c128": plan,  # request ring: the tables' contiguity is decode_checked's own check
             "generate_online": plan + online_plan}[op]
@@ -310,15 +319,21 @@ def test_debug_mode_switched_on_mid_process_runs_the_value_checks(monkeypatch: p
         settings.forget_settings()
 
 
-def test_the_plan_binding_allocates_its_rows_through_torch() -> None:
-    """``decode_alloc`` (rows from torch's allocator, through tvm-ffi's environment) is what a learnt
-    generate call uses; the rows are an ordinary CUDA tensor that outlives the call."""
+def test_the_bindings_allocate_their_rows_through_torch() -> None:
+    """``decode_alloc`` / ``compress_decode_alloc`` (rows from torch's allocator, through tvm-ffi's
+    environment) are what learnt generate / ``out=None`` calls use; the rows are an ordinary CUDA
+    tensor that outlives the call."""
     import gc
 
     kw = plan_kwargs()
     want = fc.CompressorDecodePlan.generate(**kw)  # learns the key (and probes the allocator)
     ((_, allocates),) = F.PLANS.values()
     assert allocates, "decode_alloc could not allocate: the fast plan path allocates in Python"
+    kw_out = compress_alloc_kwargs()
+    F.COMPRESS.clear()
+    fc.compress_forward(**_fresh(kw_out))
+    ((_, allocates),) = F.COMPRESS.values()
+    assert allocates, "compress_decode_alloc could not allocate: out=None is allocated in Python"
     got = fc.CompressorDecodePlan.generate(**kw)
     gc.collect()
     torch.cuda.synchronize()

@@ -39,9 +39,10 @@ from .jit.family import module_memo
 __all__ = ["compress_and_store", "compress_forward", "compress_norm_rope_store", "decode_plan", "online_decode_plan",
            "remember_compress", "remember_decode_plan", "remember_online_decode_plan", "remember_store"]
 
-# (plan ratio, plan.is_online, compress_ratio, head_dim, is_online, state / input / out dtype)
-#   -> compress_decode of the variant
-COMPRESS: dict[tuple[Any, ...], Callable[..., None]] = module_memo()
+# (plan ratio, plan.is_online, compress_ratio, head_dim, is_online, state / input dtype, out dtype or
+#  None for out=None) -> (compress_decode_alloc of the variant, True) for out=None where the binding
+#  can allocate through torch's allocator, else (compress_decode, False)
+COMPRESS: dict[tuple[Any, ...], tuple[Callable[..., Any], bool]] = module_memo()
 # (plan ratio, plan.is_online, compress_ratio, head_dim, is_online, state / input dtype, use_fp4,
 #  bf16_store, page_size) -> compress_store_decode of the variant
 FUSED: dict[tuple[Any, ...], Callable[..., None]] = module_memo()
@@ -78,19 +79,22 @@ def compress_forward(buf: Any, inp: Any, ape: Any, plan: Any, head_dim: Any, rat
     if type(plan) is not _DecodePlan:
         return None
     try:
-        launch = COMPRESS.get((plan[0], plan.is_online, ratio, head_dim, online, buf.dtype, inp.dtype,
-                               inp.dtype if out is None else out.dtype))
+        hit = COMPRESS.get((plan[0], plan.is_online, ratio, head_dim, online, buf.dtype, inp.dtype,
+                            None if out is None else out.dtype))
     except AttributeError:  # not tensors: the full path names the argument
         return None
-    if (launch is None or type(head_dim) is not int or type(ratio) is not int or type(online) is not bool
+    if (hit is None or type(head_dim) is not int or type(ratio) is not int or type(online) is not bool
             or not buf.is_cuda or _settings._DEBUG is not False or _settings._JIT_ENABLED is not True):
         return None
     if torch.is_grad_enabled() and _needs_grad(buf, inp, ape, out):
         return None
+    launch, allocates = hit
     rows = plan[1]
-    if out is None:
-        out = torch.empty((rows.shape[0], head_dim), dtype=inp.dtype, device=inp.device)
     try:
+        if allocates:  # out is None: the binding allocates it
+            return launch(buf, inp, ape, rows)
+        if out is None:
+            out = torch.empty((rows.shape[0], head_dim), dtype=inp.dtype, device=inp.device)
         launch(buf, inp, ape, rows, out)
     except Exception:  # rejected before any launch: the full path raises the named error (or converts)
         return None
@@ -213,12 +217,18 @@ def remember_compress(call: Any, plan: Any, head_dim: int, ratio: int, online: b
     pool, inp, st = call.pool, call.inp, call.store
     layer = call.layer
     if st is None:
-        out_dtype = inp.dtype if out is None else out.dtype
-        key = (plan[0], plan.is_online, ratio, head_dim, online, pool.dtype, inp.dtype, out_dtype)
+        key = (plan[0], plan.is_online, ratio, head_dim, online, pool.dtype, inp.dtype,
+               None if out is None else out.dtype)
         if key not in COMPRESS:
+            out_dtype = inp.dtype if out is None else out.dtype
             module = cc._module(layer.ratio, layer.online, layer.head_dim, inp.dtype, pool.dtype, out_dtype, "none",
                                 "auto")
-            COMPRESS[key] = _no_gil(module.compress_decode)
+            entry = (_no_gil(module.compress_decode), False)
+            if out is None:  # probe the allocating export on zero-row views: allocates and launches nothing
+                alloc = _no_gil(module.compress_decode_alloc)
+                if _allocates(alloc, (0, layer.head_dim), out_dtype, pool, inp[:0], call.ape, call.plan_rows[:0]):
+                    entry = (alloc, True)
+            COMPRESS[key] = entry
         return
     if inp.dtype is not torch.float32:  # bf16 input: the backend rounds the weight per call (full path)
         return
@@ -280,13 +290,19 @@ def _plan_entry(module: Any, *probe: Any) -> tuple[Callable[..., Any], bool]:
     once on zero-row views of the learnt call: allocates nothing, launches nothing), else
     ``(decode_checked, False)``."""
     alloc = _no_gil(module.decode_alloc)
-    try:
-        rows = alloc(*probe)
-        if isinstance(rows, torch.Tensor) and rows.shape == (0, 16) and rows.dtype == torch.uint8 and rows.is_cuda:
-            return alloc, True
-    except Exception:  # noqa: BLE001  (no allocator in this tvm-ffi environment)
-        pass
+    if _allocates(alloc, (0, 16), torch.uint8, *probe):
+        return alloc, True
     return _no_gil(module.decode_checked), False
+
+
+def _allocates(fn: Any, shape: tuple[int, int], dtype: torch.dtype, *probe: Any) -> bool:
+    """True when ``fn(*probe)`` returns a CUDA tensor of ``shape`` and ``dtype`` (an allocating export
+    called on zero-row views; False where tvm-ffi's environment has no allocator)."""
+    try:
+        rows = fn(*probe)
+    except Exception:  # noqa: BLE001
+        return False
+    return isinstance(rows, torch.Tensor) and tuple(rows.shape) == shape and rows.dtype == dtype and rows.is_cuda
 
 
 def _no_gil(fn: Any) -> Any:
