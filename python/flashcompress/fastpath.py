@@ -17,14 +17,20 @@ Python checks find nothing (a case the full path handles by converting an argume
 ``norm_weight`` of another dtype, a strided ``freq_cis``), runs the call there, where the binding
 raises again if the arguments really are wrong.
 
+Covered: ``compress_forward`` and ``compress_and_store`` of decode plans, every
+``compress_norm_rope_store``, ``CompressorDecodePlan.generate`` / ``generate_online``.  Where the
+call returns new rows (a plan; ``compress_forward`` with ``out=None``) the binding allocates them
+itself through torch's allocator (tvm-ffi's environment allocator; probed once per key on
+zero-row views, else the rows are allocated here with ``torch.empty``).
+
 A key is learnt (``remember_*``) from a call that passed the full path on the JIT backend, so
 only layer kinds, flags and dtypes that path accepted are ever looked up.  The memos hold bound
 binding functions (no tensor) and are emptied with the JIT engine's memos (``jit.clear_memo``,
 a settings reload).  Value checks (``FLASHCOMPRESS_DEBUG=1``), CPU tensors, the PyTorch backend,
 ``torch.compile`` and prefill plans of the compress ops take the full path as before.
 
-Each ``*`` function returns True (or the output) when it launched, and None when the caller
-must run the full path.
+The op functions return True (``compress_forward``: the output) when they launched, the plan
+functions the plan; None means the caller must run the full path.
 """
 
 from __future__ import annotations
