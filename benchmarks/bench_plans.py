@@ -36,7 +36,12 @@ request's lengths (binary search over B+1 offsets) and writes at most 24 B.  Eve
 32k-token prefill moves < 2 MB, i.e. well under a microsecond of H200 bandwidth, so the
 numbers below are launch + dependency latency, not bandwidth.
 
-Usage: ``python benchmarks/bench_plans.py [--device cuda|cpu] [--iters 200] [--rotate 4] [--no-check]``.
+``--peer`` (GPU): one more table, the host-length prefill planners (``generate`` /
+``generate_online`` with CPU ``seq_lens`` / ``extend_lens``, 8192 / 32768 tokens, C4 paged, C128,
+online C128) against SGLang 0.5.23's (``benchmarks/_peer.py``: the peer's ``plan_prefill`` with
+its host stage and a pinned buffer per call), wall clock per call including the host work.
+
+Usage: ``python benchmarks/bench_plans.py [--device cuda|cpu] [--iters 200] [--rotate 4] [--no-check] [--peer]``.
 """
 
 from __future__ import annotations
@@ -332,6 +337,51 @@ def bench_host(args) -> None:
                   f"{torch_us / native_us:6.1f} {api_torch:15.1f} {api_native:13.1f}", flush=True)
 
 
+def bench_peer_host(world, args, rng: random.Random) -> None:
+    """``--peer``: the host-length prefill planners against SGLang 0.5.23's (``benchmarks/_peer.py``):
+    CPU ``seq_lens`` / ``extend_lens``, the world and the slots on the GPU, wall clock per call
+    including the host stage (back-to-back calls over ``--rotate`` batches, one sync at the end).
+    The peer's call allocates its pinned staging buffer per call, as its wrapper does."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _peer
+
+    r2t, f2s = world
+    dev = r2t.device
+    slots, ctx = r2t.shape
+    peer = _peer.get_peer(dev)
+    print(f"# host-length prefill planners vs the peer: {peer.describe()}")
+    print(f"{'case':<18} {'mode':<13} {'fc api us':>10} {'peer us':>10} {'fc/peer':>8}")
+    for tokens, batch in HOST_CASES:
+        batches = []
+        for _ in range(args.rotate):
+            rids = torch.tensor(rng.sample(range(1, slots), batch), device=dev)
+            ext = torch.full((batch,), tokens // batch)
+            seq = ext + torch.tensor([rng.randrange(0, ctx - tokens // batch) for _ in range(batch)])
+            batches.append((rids, seq, ext))
+        for mode in HOST_MODES:
+            ratio, ring, req_ring, online = MODES[mode]
+            if online:
+                ours = [lambda b=b: CompressorPrefillPlan.generate_online(b[1], b[2], b[0], r2t, tokens)
+                        for b in batches]
+            else:
+                ours = [lambda b=b: CompressorPrefillPlan.generate(ratio, b[0], b[1], b[2], r2t, f2s, PAGE, ring,
+                                                                   tokens, False, req_ring) for b in batches]
+            fc_us = time_eager(ours, max(20, args.iters // 4))
+            try:
+                if online:
+                    theirs = [peer.plan_online_prefill_call(b[1], b[2], b[0], r2t, tokens) for b in batches]
+                else:
+                    theirs = [peer.plan_prefill_call(ratio, b[0], b[1], b[2], r2t, f2s, PAGE, ring, tokens)
+                              for b in batches]
+                peer_us: float | None = time_eager(theirs, max(20, args.iters // 4))
+                why = ""
+            except Exception as exc:  # noqa: BLE001  (PeerUnavailable, a build or launch failure)
+                peer_us, why = None, f"  peer: {str(exc).splitlines()[0][:120]}"
+            ratio_s = "-" if peer_us is None else f"{fc_us / peer_us:8.2f}"
+            print(f"{f'{tokens} tok / {batch} req':<18} {mode:<13} {fc_us:10.1f} {fmt(peer_us):>10} {ratio_s:>8}{why}",
+                  flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=200, help="graph replays / eager calls per measurement")
@@ -339,6 +389,8 @@ def main() -> None:
     parser.add_argument("--no-check", dest="check", action="store_false", help="skip the byte check vs PyTorch")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cpu: only the host stage-0 table (no GPU needed)")
+    parser.add_argument("--peer", action="store_true",
+                        help="add the host-length prefill planners of SGLang 0.5.23 (benchmarks/_peer.py)")
     args = parser.parse_args()
     print(f"# host stage 0: torch {torch.__version__}, {os.cpu_count()} CPU(s), {torch.get_num_threads()} "
           f"torch thread(s); iters={args.iters}")
@@ -357,6 +409,8 @@ def main() -> None:
     prefill_world = make_world(slots=1100, max_ctx=40960, seed=2, device=dev)
     for kind in ("1x32768 fresh", "16x2048 chunks", "1024x32 verify"):
         bench_prefill(prefill_world, kind, args, rng)
+    if args.peer:
+        bench_peer_host(prefill_world, args, rng)
 
 
 if __name__ == "__main__":

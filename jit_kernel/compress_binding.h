@@ -7,8 +7,14 @@
 //   compress(state, input, ape, plan, plan_w, out, is_decode)          kFmt == kNone variants
 //   compress_store(state, input, ape, plan, plan_w, norm_weight, freq, out_loc,
 //                  kvcache, norm_eps, page_size, is_decode)            store variants
-// Both names are exported by every variant (one export list per family); the one that does not
-// match the variant raises RuntimeError.
+//   compress_decode(state, input, ape, plan, out)                      kNone, decode plan
+//   compress_decode_alloc(state, input, ape, plan) -> out               the same into rows it
+//                                    allocates through the caller's allocator (TVMFFIEnvTensorAlloc)
+//   compress_store_decode(state, input, ape, plan, norm_weight, freq, out_loc, kvcache,
+//                         norm_eps, page_size)                         store variants, decode plan
+// Every name is exported by every variant (one export list per family); one that does not
+// match the variant raises RuntimeError. The *_decode exports are the API's eager path
+// (flashcompress.fastpath): they take each tensor once and freq only as complex64.
 //
 //   state        [S, width] TState, or its paged view [S / page rows, page rows, width] (page rows:
 //                the ratio; online: 1), contiguous (width 4H | 2H | 3H online)
@@ -19,6 +25,8 @@
 //   kvcache      u8 [pages, page_bytes(page_size)] (bf16: [rows, 1024 * page_size])
 //   state, input, ape, norm_weight, freq and kvcache start 16-byte aligned (rows are read by
 //   16-byte vectors): a torch allocation is; a view at an odd offset raises ValueError.
+// Written buffers (state, out, kvcache) must share no byte with the buffers the launch reads
+// (input, ape; state, norm_weight, freq, out_loc for the cache), norm_eps lies in (0, 1).
 // Every check raises a named TypeError (dtype) or ValueError (anything else) before a launch;
 // device values are never read. Launches go on the caller's stream (TVMFFIEnvGetStream).
 #pragma once
@@ -72,6 +80,9 @@ struct CompressBinding {
     chk::check_aligned(ape, "ape", 16);
     chk::check_tensor(plan, "plan[1]", chk::kUInt8, {chk::kAnySize, kCompressPlanBytes}, dev);
     chk::check_aligned(plan, "plan[1]", kCompressPlanBytes);
+    // the state pool is updated in place while the input rows and the bias are read
+    chk::check_no_overlap(state, "kv_score_buffer", input, "kv_score_input");
+    chk::check_no_overlap(state, "kv_score_buffer", ape, "ape");
     CompressArgs a{};
     a.state = state.data_ptr();
     a.input = input.data_ptr();
@@ -110,8 +121,30 @@ struct CompressBinding {
         << "compress: this variant ends in a cache store; call compress_store";
     CompressArgs a = common(state, input, ape, plan, plan_w, is_decode);
     chk::check_tensor(out, "out", dl_dtype(kOut), {a.rows, kHeadDim}, state.device());
+    chk::check_no_overlap(out, "out", state, "kv_score_buffer");
+    chk::check_no_overlap(out, "out", input, "kv_score_input");
+    chk::check_no_overlap(out, "out", ape, "ape");
     a.out = out.data_ptr();
     launch(a, state.device());
+  }
+
+  // compress_forward of a decode plan (the API's eager path): `plan` once, freq not involved.
+  static void compress_decode(TensorView state, TensorView input, TensorView ape, TensorView plan,
+                              TensorView out) {
+    compress(state, input, ape, plan, plan, out, true);
+  }
+
+  // compress_decode into rows it allocates: [plan rows, H] TOut on the state's device, from the
+  // caller's allocator (TVMFFIEnvTensorAlloc: torch's, on the current stream, as torch.empty).
+  static tvm::ffi::Tensor compress_decode_alloc(TensorView state, TensorView input, TensorView ape,
+                                                TensorView plan) {
+    chk::check_device_type(state, "kv_score_buffer", chk::kGpuDeviceType);
+    chk::check_tensor(plan, "plan[1]", chk::kUInt8, {chk::kAnySize, kCompressPlanBytes}, state.device());
+    const int64_t shape[2] = {plan.size(0), kHeadDim};
+    tvm::ffi::Tensor out = tvm::ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, tvm::ffi::ShapeView(shape, 2),
+                                                          dl_dtype(kOut), state.device());
+    compress(state, input, ape, plan, plan, out, true);
+    return out;
   }
 
   // compress_and_store: compressed rows straight into the paged cache.
@@ -119,18 +152,41 @@ struct CompressBinding {
                              TensorView plan_w, TensorView norm_weight, TensorView freq,
                              TensorView out_loc, TensorView kvcache, double norm_eps,
                              int64_t page_size, bool is_decode) {
+    store_impl(state, input, ape, plan, plan_w, norm_weight, freq, out_loc, kvcache, norm_eps, page_size,
+               is_decode, false);
+  }
+
+  // compress_and_store of a decode plan (the API's eager path): `plan` once, and freq_cis only as
+  // the API takes it (complex64 [T, 32], not the backend's fp32 [T, 64] copy of a strided table).
+  static void compress_store_decode(TensorView state, TensorView input, TensorView ape, TensorView plan,
+                                    TensorView norm_weight, TensorView freq, TensorView out_loc,
+                                    TensorView kvcache, double norm_eps, int64_t page_size) {
+    store_impl(state, input, ape, plan, plan, norm_weight, freq, out_loc, kvcache, norm_eps, page_size, true,
+               true);
+  }
+
+  static void store_impl(const TensorView& state, const TensorView& input, const TensorView& ape,
+                         const TensorView& plan, const TensorView& plan_w, const TensorView& norm_weight,
+                         const TensorView& freq, const TensorView& out_loc, const TensorView& kvcache,
+                         double norm_eps, int64_t page_size, bool is_decode, bool complex_freq) {
     TVM_FFI_CHECK(kFmt != StoreFormat::kNone, RuntimeError)
         << "compress_store: this variant has no store epilogue; call compress";
     CompressArgs a = common(state, input, ape, plan, plan_w, is_decode);
     const DLDevice dev = state.device();
     chk::check_tensor(norm_weight, "norm_weight", chk::kFloat32, {kHeadDim}, dev);
     chk::check_aligned(norm_weight, "norm_weight", 16);
-    const int64_t freq_rows = chk::check_freq(freq, dev);
+    chk::check_norm_eps(norm_eps);
+    const int64_t freq_rows = chk::check_freq(freq, dev, complex_freq);
     chk::check_out_loc(out_loc, a.rows, is_decode, dev);
     const int32_t page_shift = chk::check_page_size(page_size);
     const int64_t page_bytes = cache_page_bytes(kFmt, page_size);
     chk::check_tensor(kvcache, "kvcache", chk::kUInt8, {chk::kAnySize, page_bytes}, dev);
     chk::check_aligned(kvcache, "kvcache", 16);
+    // the cache is written while the state, the weight, the table and the slots are read
+    chk::check_no_overlap(kvcache, "kvcache", state, "kv_score_buffer");
+    chk::check_no_overlap(kvcache, "kvcache", norm_weight, "norm_weight");
+    chk::check_no_overlap(kvcache, "kvcache", freq, "freq_cis");
+    chk::check_no_overlap(kvcache, "kvcache", out_loc, "out_loc");
     a.out_loc = static_cast<const int64_t*>(out_loc.data_ptr());
     a.store.norm_weight = static_cast<const float*>(norm_weight.data_ptr());
     a.store.freq = static_cast<const float*>(freq.data_ptr());

@@ -12,6 +12,10 @@
 // The checks of the paged-cache arguments both store bindings take (store, compress_store):
 //   check_page_size(page_size) -> log2(page_size)   a power of two in [1, 2^30]
 //   check_out_loc(out_loc, rows, is_decode, dev)     int64 [M]; decode M == rows, prefill M >= rows
+//   check_freq(freq, dev, complex_only)              the RoPE table; returns its rows
+//   check_norm_eps(eps)                              in (0, 1)
+// and the aliasing rule of the API (a buffer a launch writes shares no byte with one it reads):
+//   check_no_overlap(written, name, read, name)      both contiguous (checked before)
 //
 // It also holds the binding side of the GPU runtime shim (gpu_runtime.h), for launches:
 //   FC_CHECK_GPU_ERROR(stmt)   RuntimeError "<CUDA|HIP> Runtime Error: <name> (<code>): <text>"
@@ -166,6 +170,31 @@ inline void check_range(int64_t value, const char* name, int64_t lo, int64_t hi)
       << name << ": expected a value in [" << lo << ", " << hi << "], got " << value;
 }
 
+// Bytes a contiguous tensor covers: [address, address + numel * element bytes).
+inline uint64_t byte_begin(const TensorView& t) {
+  return reinterpret_cast<uint64_t>(t.data_ptr()) + t.byte_offset();
+}
+inline uint64_t byte_end(const TensorView& t) {
+  const DLDataType d = t.dtype();
+  return byte_begin(t) + static_cast<uint64_t>(t.numel()) * ((d.bits * d.lanes + 7) / 8);
+}
+
+// Two contiguous tensors share no byte (an empty tensor overlaps nothing): `written` is written
+// by the launch while `read` is read (the API's aliasing rule, validation.check_no_overlap).
+inline void check_no_overlap(const TensorView& written, const char* written_name, const TensorView& read,
+                             const char* read_name) {
+  const uint64_t a0 = byte_begin(written), a1 = byte_end(written);
+  const uint64_t b0 = byte_begin(read), b1 = byte_end(read);
+  TVM_FFI_CHECK(!(a0 < b1 && b0 < a1), ValueError)
+      << read_name << ": expected memory separate from " << written_name << " (" << written_name
+      << " is written while " << read_name << " is read)";
+}
+
+// norm_eps: a float in (0, 1) (NaN fails).
+inline void check_norm_eps(double eps) {
+  TVM_FFI_CHECK(eps > 0.0 && eps < 1.0, ValueError) << "norm_eps: expected a float in (0, 1), got " << eps;
+}
+
 // dtype + exact shape + contiguity + device in one call (the common case).
 inline void check_tensor(const TensorView& t, const char* name, DLDataType dtype,
                          std::initializer_list<int64_t> dims, DLDevice device) {
@@ -197,10 +226,11 @@ inline int32_t check_page_size(int64_t page_size) {
 
 inline constexpr DLDataType kComplex64{kDLComplex, 64, 1};
 
-// freq_cis: the RoPE table, complex64 [T, 32] or its fp32 view [T, 64] (re, im pairs; the same
-// bytes), contiguous, 16-byte aligned, on `device`.  Returns T, the table's rows.
-inline int64_t check_freq(const TensorView& freq, DLDevice device) {
-  if (same_dtype(freq.dtype(), kComplex64)) {
+// freq_cis: the RoPE table, complex64 [T, 32] or (unless complex_only, the API's own type) its fp32
+// view [T, 64] (re, im pairs; the same bytes), contiguous, 16-byte aligned, on `device`.  Returns T,
+// the table's rows.
+inline int64_t check_freq(const TensorView& freq, DLDevice device, bool complex_only = false) {
+  if (complex_only || same_dtype(freq.dtype(), kComplex64)) {
     check_tensor(freq, "freq_cis", kComplex64, {kAnySize, 32}, device);
   } else {
     check_tensor(freq, "freq_cis", kFloat32, {kAnySize, 64}, device);

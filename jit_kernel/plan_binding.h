@@ -32,6 +32,13 @@
 //   prefill_device(plan_c u8[N,16], plan_w u8[N,16], workspace i64[3(B+1)],
 //                  req_pool_indices i64[B], seq_lens i64[B], extend_lens i64[B],
 //                  state_slot_offset)
+// decode_checked: decode plus the API's checks the plain export leaves out (the eager path of
+// CompressorDecodePlan.generate / generate_online, flashcompress.fastpath):
+//   regular: decode_checked(same arguments as decode)   the tables contiguous in every mode
+//   online:  decode_checked(out, req_pool_indices, req_to_token i32[R,L], seq_lens,
+//                           state_slot_offset)           req_to_token checked, offset <= INT32_MAX - R
+// decode_alloc(decode_checked's arguments without out) -> out: the rows allocated here through the
+//   caller's allocator (TVMFFIEnvTensorAlloc; torch's for torch tensors), then decode_checked
 // Both:
 //   layout_info() -> str, JSON of the C++ plan layouts (host only; no GPU needed)
 //
@@ -91,6 +98,18 @@ inline int64_t check_plan_rows(const TensorView& t, const char* name, int64_t ro
 
 inline void check_index_vector(const TensorView& t, const char* name, int64_t n, DLDevice dev) {
   chk::check_tensor(t, name, chk::kInt64, {n}, dev);
+}
+
+// The DecodePlan rows of decode_alloc: uint8 [B, 16] on the device of req_pool_indices (a GPU
+// tensor, int64 [B]), from the caller's allocator (TVMFFIEnvTensorAlloc: torch's, set by tvm-ffi
+// for a call with torch tensors; it allocates on the device's current stream, as torch.empty does).
+inline tvm::ffi::Tensor alloc_decode_rows(const TensorView& req_pool_indices) {
+  chk::check_device_type(req_pool_indices, "req_pool_indices", chk::kGpuDeviceType);
+  chk::check_dtype(req_pool_indices, "req_pool_indices", chk::kInt64);
+  chk::check_ndim(req_pool_indices, "req_pool_indices", 1);
+  const int64_t shape[2] = {req_pool_indices.size(0), kDecodePlanBytes};
+  return tvm::ffi::Tensor::FromEnvAlloc(TVMFFIEnvTensorAlloc, tvm::ffi::ShapeView(shape, 2), chk::kUInt8,
+                                        req_pool_indices.device());
 }
 
 // Checks the addressing tables and scalars of the regular variants; see StateAddressing.
@@ -290,6 +309,26 @@ struct PlanBinding<kRatio, false> {
     chk::launch_on(r.dev, &Launch::decode, args);
   }
 
+  // decode with the API's table checks in every addressing mode (contiguous tables): the eager
+  // path of CompressorDecodePlan.generate (flashcompress.fastpath) calls it with the caller's tensors.
+  static void decode_checked(TensorView out, TensorView req_pool_indices, TensorView req_to_token,
+                             TensorView full_to_state, TensorView seq_lens, int64_t swa_page_size,
+                             int64_t ring_size, bool use_req_ring) {
+    chk::check_contiguous(req_to_token, "req_to_token");
+    chk::check_contiguous(full_to_state, "full_to_state");
+    decode(out, req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size, use_req_ring);
+  }
+
+  // decode_checked into rows it allocates (alloc_decode_rows): the plan tensor, one argument less.
+  static tvm::ffi::Tensor decode_alloc(TensorView req_pool_indices, TensorView req_to_token,
+                                       TensorView full_to_state, TensorView seq_lens, int64_t swa_page_size,
+                                       int64_t ring_size, bool use_req_ring) {
+    tvm::ffi::Tensor out = alloc_decode_rows(req_pool_indices);
+    decode_checked(out, req_pool_indices, req_to_token, full_to_state, seq_lens, swa_page_size, ring_size,
+                   use_req_ring);
+    return out;
+  }
+
   static void prefill_stage1(TensorView plan_c, TensorView plan_w, int64_t num_c, int64_t num_w,
                              TensorView req_pool_indices, TensorView req_to_token,
                              TensorView full_to_state, int64_t swa_page_size, int64_t ring_size,
@@ -335,6 +374,28 @@ struct PlanBinding<kRatio, true> {
     fill_decode(args, r, out, req_pool_indices, seq_lens);
     args.addr.state_slot_offset = state_slot_offset;
     chk::launch_on(r.dev, &Launch::decode, args);
+  }
+
+  // decode after the API's checks of req_to_token (int32 [R, L], contiguous, on the output's device)
+  // and of the offset (write slots rid + offset, rid < R, fit an int32): the eager path of
+  // CompressorDecodePlan.generate_online (flashcompress.fastpath).
+  static void decode_checked(TensorView out, TensorView req_pool_indices, TensorView req_to_token,
+                             TensorView seq_lens, int64_t state_slot_offset) {
+    const DLDevice dev = output_device(out, "out", chk::kGpuDeviceType);
+    chk::check_dtype(req_to_token, "req_to_token", chk::kInt32);
+    chk::check_ndim(req_to_token, "req_to_token", 2);
+    chk::check_contiguous(req_to_token, "req_to_token");
+    chk::check_same_device(req_to_token, "req_to_token", dev);
+    chk::check_range(state_slot_offset, "state_slot_offset", 0, kInt32Max - req_to_token.size(0));
+    decode(out, req_pool_indices, seq_lens, state_slot_offset);
+  }
+
+  // decode_checked into rows it allocates (alloc_decode_rows).
+  static tvm::ffi::Tensor decode_alloc(TensorView req_pool_indices, TensorView req_to_token, TensorView seq_lens,
+                                       int64_t state_slot_offset) {
+    tvm::ffi::Tensor out = alloc_decode_rows(req_pool_indices);
+    decode_checked(out, req_pool_indices, req_to_token, seq_lens, state_slot_offset);
+    return out;
   }
 
   static void prefill_stage1(TensorView plan_c, TensorView plan_w, int64_t num_c, int64_t num_w,

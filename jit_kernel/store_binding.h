@@ -16,8 +16,11 @@
 //     kvcache  uint8 [pages, page_bytes(page_size)], contiguous, 16-byte aligned
 //     page_size a power of two in [1, 2^30]; is_decode bool; ratio a power of two in [1, 2^30]
 //     Launches on the caller's stream (TVMFFIEnvGetStream); N = 0 returns after the checks.
+//     kvcache shares no byte with kv, weight, freq or out_loc; eps lies in (0, 1).
 //     Values are not read here (out_loc inside the cache, positions inside the table: the API
 //     layer checks those with FLASHCOMPRESS_DEBUG=1).
+//   forward_checked(same arguments)   forward with freq only complex64 [T, 32] (the API's type):
+//     the API's eager path (flashcompress.fastpath) calls it with the caller's tensors.
 //   page_bytes(page_size) -> int                bytes per page of this format (host only)
 //   format_info() -> str                        JSON: head_dim, data_bytes, scale_bytes, ...
 //
@@ -57,6 +60,19 @@ struct StoreBinding {
   static void forward(TensorView kv, TensorView plan, TensorView weight, double eps, TensorView freq,
                       TensorView out_loc, TensorView kvcache, int64_t page_size, bool is_decode,
                       int64_t ratio) {
+    run(kv, plan, weight, eps, freq, out_loc, kvcache, page_size, is_decode, ratio, false);
+  }
+
+  // forward with freq_cis only as the API takes it (complex64 [T, 32]): the API's eager path.
+  static void forward_checked(TensorView kv, TensorView plan, TensorView weight, double eps, TensorView freq,
+                              TensorView out_loc, TensorView kvcache, int64_t page_size, bool is_decode,
+                              int64_t ratio) {
+    run(kv, plan, weight, eps, freq, out_loc, kvcache, page_size, is_decode, ratio, true);
+  }
+
+  static void run(const TensorView& kv, const TensorView& plan, const TensorView& weight, double eps,
+                  const TensorView& freq, const TensorView& out_loc, const TensorView& kvcache,
+                  int64_t page_size, bool is_decode, int64_t ratio, bool complex_freq) {
     chk::check_device_type(kv, "kv", kDevice);
     const DLDevice dev = kv.device();
     chk::check_tensor(kv, "kv", kRowType, {chk::kAnySize, kHeadDim}, dev);
@@ -66,13 +82,19 @@ struct StoreBinding {
     chk::check_aligned(plan, "plan", kCompressPlanBytes);
     chk::check_tensor(weight, "norm_weight", kRowType, {kHeadDim}, dev);
     chk::check_aligned(weight, "norm_weight", kRowAlign);
-    const int64_t freq_rows = chk::check_freq(freq, dev);
+    chk::check_norm_eps(eps);
+    const int64_t freq_rows = chk::check_freq(freq, dev, complex_freq);
     chk::check_out_loc(out_loc, rows, is_decode, dev);
     const int32_t page_shift = chk::check_page_size(page_size);
     const int64_t page_bytes = cache_page_bytes(kFmt, page_size);
     chk::check_tensor(kvcache, "kvcache", chk::kUInt8, {chk::kAnySize, page_bytes}, dev);
     chk::check_aligned(kvcache, "kvcache", 16);
     chk::check_power_of_two(ratio, "ratio", kMaxRatio);
+    // the cache is written while everything else is read
+    chk::check_no_overlap(kvcache, "kvcache", kv, "kv");
+    chk::check_no_overlap(kvcache, "kvcache", weight, "norm_weight");
+    chk::check_no_overlap(kvcache, "kvcache", freq, "freq_cis");
+    chk::check_no_overlap(kvcache, "kvcache", out_loc, "out_loc");
     if (rows == 0) return;
 
     StoreKernelArgs args{};

@@ -61,7 +61,7 @@ def test_plan_family_registration() -> None:
 
     fam = get_family("plan")
     assert fam is plan_builder.PLAN
-    assert fam.exports == ("decode", "prefill_stage1", "prefill_device", "layout_info")
+    assert fam.exports == ("decode", "decode_checked", "decode_alloc", "prefill_stage1", "prefill_device", "layout_info")
     assert [dict(v) for v in fam.expand()] == EXPECTED_VARIANTS
     for model in ("deepseek-v4-flash", "deepseek-v4-pro"):
         assert fam.preset_params(model) == EXPECTED_VARIANTS
@@ -87,7 +87,7 @@ def test_rendered_sources_are_thin(jit_env, params) -> None:
     assert "tvm/ffi" not in kernel, "kernel.cu must stay free of tvm-ffi headers (nvcc compile time)"
     assert "__global__" not in kernel, "kernel bodies belong in jit_kernel/plan_builder.cuh"
     assert f"PlanBinding<{params['ratio']}, {online}>" in binding
-    for name in ("decode", "prefill_stage1", "prefill_device", "layout_info"):
+    for name in ("decode", "decode_checked", "decode_alloc", "prefill_stage1", "prefill_device", "layout_info"):
         assert f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {key.module_name}::Binding::{name});" in binding
     for template in ("plan_kernel.cu.j2", "plan_binding.cpp.j2"):  # no regular/online split in the templates
         assert "{% if" not in (template_dir() / template).read_text()

@@ -267,7 +267,7 @@ def test_store_family_registration() -> None:
 
     fam = get_family("store")
     assert fam is store.STORE
-    assert fam.exports == ("forward", "page_bytes", "format_info")
+    assert fam.exports == ("forward", "forward_checked", "page_bytes", "format_info")
     assert sorted(map(str, fam.expand())) == sorted(map(str, ALL_VARIANTS))
     for model in ("deepseek-v4-flash", "deepseek-v4-pro"):
         assert fam.preset_params(model) == PRESETS

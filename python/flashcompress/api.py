@@ -5,6 +5,11 @@ anything is written; returns one immutable call object) -> ``dispatch.run_*`` ->
 ``dispatch.ops_backend(device)`` (``torch_backend.ops`` or ``cuda_ops.ops``) -> the
 backend's op, which takes the call object.  This module holds no plan or tensor logic.
 
+Steady-state eager calls on CUDA tensors (decode plans; every store call) first try
+``fastpath``: the call goes straight to the JIT binding, which checks everything in C++
+before it launches; a call it rejects (nothing launched) or does not know yet takes the path
+above, which raises the named error, and a call that path launches teaches ``fastpath`` its key.
+
 While ``torch.compile`` traces a function that calls these ops, each op hands its
 arguments to ``flashcompress.library`` (one registered custom op per op), whose
 implementation runs the same validation and dispatch when the compiled graph runs.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from . import fastpath as _fast
 from . import library as _library  # torch.compile: the flashcompress:: custom ops (used only while tracing)
 from . import validation as V
 from .dispatch import run_compress_and_store, run_compress_forward, run_store
@@ -73,8 +79,13 @@ def compress_forward(
     if torch.compiler.is_compiling():  # traced by torch.compile: one custom op, no value checks in the graph
         return _library.compress_forward(kv_score_buffer, kv_score_input, ape, plan, head_dim=head_dim,
                                          compress_ratio=compress_ratio, out=out, is_online=is_online)
+    done = _fast.compress_forward(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
+    if done is not None:
+        return done
     call = V.check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, out, is_online)
-    return run_compress_forward(call, out)
+    result = run_compress_forward(call, out)
+    _fast.remember_compress(call, plan, head_dim, compress_ratio, is_online, out)
+    return result
 
 
 def compress_norm_rope_store(
@@ -119,8 +130,12 @@ def compress_norm_rope_store(
         return _library.compress_norm_rope_store(kv, plan, norm_weight=norm_weight, norm_eps=norm_eps,
                                                  freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache,
                                                  page_size=page_size, use_fp4=use_fp4, bf16_store=bf16_store)
-    run_store(V.check_store(kv, plan, (norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4,
-                                       bf16_store)))
+    store = (norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store)
+    if _fast.compress_norm_rope_store(kv, plan, store):
+        return
+    call = V.check_store(kv, plan, store)
+    run_store(call)
+    _fast.remember_store(call, plan)
 
 
 def compress_and_store(
@@ -158,6 +173,11 @@ def compress_and_store(
             kv_score_buffer, kv_score_input, ape, plan, head_dim=head_dim, compress_ratio=compress_ratio,
             norm_weight=norm_weight, norm_eps=norm_eps, freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache,
             page_size=page_size, use_fp4=use_fp4, bf16_store=bf16_store, is_online=is_online)
-    run_compress_and_store(V.check_compress(
-        kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, None, is_online,
-        store=(norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store)))
+    store = (norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store)
+    if _fast.compress_and_store(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, is_online,
+                                store):
+        return
+    call = V.check_compress(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, None, is_online,
+                            store=store)
+    run_compress_and_store(call)
+    _fast.remember_compress(call, plan, head_dim, compress_ratio, is_online, None)

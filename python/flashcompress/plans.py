@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from . import fastpath as _fastpath
 from . import validation as V
 from .dispatch import plans_backend
 from .layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES
@@ -118,6 +119,10 @@ class CompressorDecodePlan(_PlanBase):
         Example: ``plan = CompressorDecodePlan.generate(4, rids, req_to_token, full_to_state,
         seq_lens, 256, 8)``.
         """
+        plan = _fastpath.decode_plan(compress_ratio, req_pool_indices, req_to_token, full_to_state, seq_lens,
+                                     swa_page_size, ring_size, use_req_ring)
+        if plan is not None:  # a steady-state CUDA call: the binding checked it (fastpath)
+            return plan
         ratio = V.check_ratio(compress_ratio)
         device = V.check_world(req_pool_indices, req_to_token, full_to_state)
         seq = V.check_lengths("seq_lens", seq_lens, req_pool_indices.shape[0], device, allow_cpu=False)
@@ -135,7 +140,10 @@ class CompressorDecodePlan(_PlanBase):
             return CompressorDecodePlan(ratio, _empty(PLAN_ROW_BYTES, device), is_online=False)
         plan_d = plans_backend(device).decode_plan(ratio, req_pool_indices, req_to_token, full_to_state, seq,
                                                    swa_page_size, ring_size, use_req_ring)
-        return CompressorDecodePlan(ratio, plan_d, is_online=False)
+        plan = CompressorDecodePlan(ratio, plan_d, is_online=False)
+        _fastpath.remember_decode_plan(plan, ratio, swa_page_size, ring_size, use_req_ring, req_pool_indices,
+                                       req_to_token, full_to_state, seq)
+        return plan
 
     @staticmethod
     def generate_online(
@@ -166,6 +174,9 @@ class CompressorDecodePlan(_PlanBase):
 
         Example: ``plan = CompressorDecodePlan.generate_online(seq_lens, rids, req_to_token)``.
         """
+        plan = _fastpath.online_decode_plan(seq_lens, req_pool_indices, req_to_token, state_slot_offset)
+        if plan is not None:  # a steady-state CUDA call: the binding checked it (fastpath)
+            return plan
         device = V.check_world(req_pool_indices, req_to_token, None)
         seq = V.check_lengths("seq_lens", seq_lens, req_pool_indices.shape[0], device, allow_cpu=False)
         V.check_slot_offset(state_slot_offset, req_to_token)
@@ -175,7 +186,9 @@ class CompressorDecodePlan(_PlanBase):
         if seq.shape[0] == 0:
             return CompressorDecodePlan(128, _empty(PLAN_ROW_BYTES, device), is_online=True)
         plan_d = plans_backend(device).online_decode_plan(seq, req_pool_indices, state_slot_offset)
-        return CompressorDecodePlan(128, plan_d, is_online=True)
+        plan = CompressorDecodePlan(128, plan_d, is_online=True)
+        _fastpath.remember_online_decode_plan(plan, state_slot_offset, req_pool_indices, req_to_token, seq)
+        return plan
 
 
 class CompressorPrefillPlan(_PlanBase):
@@ -360,3 +373,5 @@ class CompressorPrefillPlan(_PlanBase):
         )
         return CompressorPrefillPlan(128, plan_c, plan_w, is_online=True)
 
+
+_fastpath._DecodePlan = CompressorDecodePlan  # the eager binding-first path recognises decode plans by class

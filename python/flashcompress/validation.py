@@ -23,7 +23,10 @@ Three tiers:
   * steady state: where the binding re-checks dtype / shape / contiguity / device (CUDA
     tensors outside ``FLASHCOMPRESS_DEBUG=1``), a call whose scalars, plan and tensor data
     pointers / shapes / dtypes match an earlier checked call is rebuilt from that call's
-    facts without re-checking (``_MEMO``, see "The steady-state memo" below);
+    facts without re-checking (``_MEMO``, see "The steady-state memo" below).  Eager decode
+    calls on CUDA tensors first try ``fastpath``, whose bindings check everything in C++ and
+    which calls into this module only for a call they reject (to raise its named error here)
+    or have not seen yet;
   * finite-value checks (``check_finite_reads``: no NaN / inf in the ``kv_score_input``
     rows and no NaN in the state rows a compress call reads) cost a pass over those
     rows, so they run only with ``FLASHCOMPRESS_DEBUG=1``, on every device.

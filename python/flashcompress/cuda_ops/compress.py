@@ -116,7 +116,7 @@ COMPRESS = register_family(
     Family(
         "compress",
         sources=(("compress_kernel.cu.j2", "kernel.cu"), ("compress_binding.cpp.j2", "binding.cpp")),
-        exports=("compress", "compress_store"),
+        exports=("compress", "compress_store", "compress_decode", "compress_decode_alloc", "compress_store_decode"),
         space={
             "ratio": (4, 128),
             "online": (False, True),

@@ -8,8 +8,10 @@ API layer (``flashcompress.plans``); the binding re-checks dtypes, shapes and de
 (cheap, ``ValueError``/``TypeError`` naming the argument) but never reads device values.
 
 Variants: ``ratio`` in {4, 128} x ``online`` (online only with ratio 128).  Every
-variant exports ``decode``, ``prefill_stage1``, ``prefill_device`` and ``layout_info``
-(jit_kernel/plan_binding.h lists the signatures).
+variant exports ``decode``, ``decode_checked`` / ``decode_alloc`` (the eager path of
+``CompressorDecodePlan.generate*``, ``flashcompress.fastpath``: ``decode`` plus the API's table
+checks; ``decode_alloc`` allocates the rows itself through torch's allocator), ``prefill_stage1``,
+``prefill_device`` and ``layout_info`` (jit_kernel/plan_binding.h lists the signatures).
 
 The planner entry points have the names and signatures of ``torch_backend.plans``
 (``dispatch.plans_backend`` returns one module or the other)::
@@ -73,7 +75,7 @@ __all__ = [
     "prefill_workspace",
 ]
 
-EXPORTS = ("decode", "prefill_stage1", "prefill_device", "layout_info")
+EXPORTS = ("decode", "decode_checked", "decode_alloc", "prefill_stage1", "prefill_device", "layout_info")
 
 
 # --------------------------------------------------------------------------

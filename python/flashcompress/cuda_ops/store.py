@@ -11,7 +11,8 @@ caller's current stream, never synchronises the host and can be captured in a CU
 Variants: ``(head_dim, fmt, dtype)`` with ``fmt`` in {v4, bf16} at 512 and {idx_fp8,
 idx_fp4} at 128, ``dtype`` (of ``kv`` and of the weight the kernel reads) fp32 or bf16;
 ``page_size`` is a runtime argument.  Exports (``jit_kernel/store_binding.h``):
-``forward``, ``page_bytes``, ``format_info``.
+``forward``, ``forward_checked`` (the API's eager path, ``flashcompress.fastpath``: complex64
+``freq_cis`` only), ``page_bytes``, ``format_info``.
 
 Bytes match the PyTorch backend: scale bytes, bf16 rope / rows exactly; fp8 / fp4 codes
 except where a value sits on a rounding tie within fp32 noise; indexer fp32 scales to
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["EXPORTS", "STORE", "compress_norm_rope_store", "store_module"]
 
-EXPORTS = ("forward", "page_bytes", "format_info")
+EXPORTS = ("forward", "forward_checked", "page_bytes", "format_info")
 FORMATS: dict[str, CacheFormat] = {f.name: f for f in (MAIN_V4, INDEXER_FP8, INDEXER_FP4, BF16_ROWS)}
 DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
