@@ -70,8 +70,18 @@ inline bool same_dtype(DLDataType a, DLDataType b) {
   return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
 }
 
+// Never throws: it builds the messages of failing checks, where a second exception would
+// terminate the process (tvm-ffi's own dtype names have no complex type and throw on it).
 inline std::string dtype_name(DLDataType t) {
-  return std::string(tvm::ffi::DLDataTypeToString(t).c_str());
+  if (t.code == kDLComplex) {
+    std::string name = "complex" + std::to_string(t.bits);
+    return t.lanes == 1 ? name : name + "x" + std::to_string(t.lanes);
+  }
+  try {
+    return std::string(tvm::ffi::DLDataTypeToString(t).c_str());
+  } catch (...) {
+    return "type_code " + std::to_string(t.code) + " bits " + std::to_string(t.bits);
+  }
 }
 
 inline std::string device_type_name(int32_t device_type) {

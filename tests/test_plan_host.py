@@ -530,3 +530,27 @@ def test_gpu_generate_with_host_lengths(native: None, monkeypatch: pytest.Monkey
         assert_plan_bytes(plan[1], want_c, f"{mode} trial {trial} plan_c")
         assert_plan_bytes(plan[2], want_w, f"{mode} trial {trial} plan_w", "compress" if mode == "online" else "write")
     assert pinned and all(pinned), "stage-0 rows must be written into pinned host memory"
+
+
+def test_a_complex_tensor_is_named_not_fatal(native: None) -> None:
+    """A binding check that fails on a complex tensor names its dtype (``ffi_check.h`` builds the
+    message without tvm-ffi's dtype names, which throw on complex: inside a failing check that
+    second exception would abort the process).  Run in a child process so an abort fails here."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch\n"
+        "from flashcompress.cuda_ops.plan_host import native_planner\n"
+        "m = native_planner(4, False)\n"
+        "assert m is not None\n"
+        "rows = lambda w: torch.zeros(4, w, dtype=torch.uint8)\n"
+        "lens = torch.ones(1, dtype=torch.complex64)\n"
+        "try:\n"
+        "    m.prefill_plan(rows(PLAN), rows(WRITE), lens, lens, lens, lens, lens, 4, 8, False, False)\n"
+        "except TypeError as e:\n"
+        "    print('TypeError:', e)\n"
+    ).replace("PLAN", str(PLAN_ROW_BYTES)).replace("WRITE", str(WRITE_ROW_BYTES))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=os.environ)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "TypeError:" in res.stdout and "complex64" in res.stdout, res.stdout + res.stderr[-2000:]
