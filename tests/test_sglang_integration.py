@@ -25,6 +25,13 @@ Stubs (modules that cannot import without SGLang's GPU / server dependencies):
       kernels fails the test loudly.
   sglang.srt.layers.attention.dsa.utils
       imports triton; the stub holds the two names ``compress.py`` imports.
+  the leaves of the V4.1 modules (``dsv41_sparse``, ``fp4_indexer_rope``)
+      ``gemm.bf16_fp32``, ``gemm.router_gemv_hip``, ``layernorm.rmsnorm_fp32``,
+      ``srt.layers.linear``, ``srt.layers.quantization.base_config`` and
+      ``dsv4.fp4_indexer`` import triton / msgspec / the distributed runtime;
+      each stub holds only the names those two modules import (the GEMM and
+      norm stubs raise ``SGLangKernelReached`` if called), and
+      ``gemm``, ``layernorm``, ``quantization`` are package shells as above.
 
 The engine objects around SGLang's code (the KV pool, the compressor layer, the
 forward batch, the attention backend's metadata) are small test doubles of the
@@ -123,6 +130,17 @@ def _install_stubs(target: Path) -> None:
            cuda_stubs_dir=_no, KERNEL_PATH=target / "sglang" / "kernels" / "jit")
     module("sglang.srt.layers.attention.dsa.utils", INDEXER_K_CACHE_PRESHUFFLE_TILE=16,
            aiter_can_use_preshuffle_paged_mqa=_no)
+    # the V4.1 modules' leaves (dsv41_sparse, fp4_indexer_rope)
+    for name in ("sglang.kernels.ops.gemm", "sglang.kernels.ops.layernorm", "sglang.kernels.ops.quantization",
+                 "sglang.srt.layers.quantization"):
+        module(name, package=True)
+    sys.modules["sglang.srt.utils"].add_prefix = lambda name, prefix: f"{prefix}.{name}" if prefix else name
+    module("sglang.kernels.ops.gemm.bf16_fp32", linear_bf16_fp32=_load_jit)
+    module("sglang.kernels.ops.gemm.router_gemv_hip", rocm_gemv_split_k_max_tokens=lambda **_: -1)
+    module("sglang.kernels.ops.layernorm.rmsnorm_fp32", rmsnorm_fp32=_load_jit)
+    module("sglang.srt.layers.linear", ReplicatedLinear=torch.nn.Module)
+    module("sglang.srt.layers.quantization.base_config", QuantizationConfig=object)
+    module("sglang.kernels.ops.attention.dsv4.fp4_indexer", INDEX_K_SLOT_BYTES=68)
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +159,9 @@ def sgl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         ops=importlib.import_module("sglang.kernels.ops.attention.dsv4"),
         compress=importlib.import_module("sglang.kernels.ops.attention.dsv4.compress"),
         KVLayout=importlib.import_module("sglang.kernels.ops.attention.dsv4.kv_layout").KVLayout,
+        low_ratio=importlib.import_module(fc_sglang.LOW_RATIO_MODULE),
+        index_k=importlib.import_module(fc_sglang.INDEX_K_MODULE),
+        dsv41=importlib.import_module(fc_sglang.GATE_MODULE),
     )
     yield mods
     for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
