@@ -1,6 +1,7 @@
 """``flashcompress.integrations.sglang`` against the real SGLang 0.5.23 wheel.
 
-The wheel is fetched once (``pip download --no-deps sglang==0.5.23`` into
+The wheel is ``$FC_SGLANG_WHEEL`` if set, else ``.sglwhl/sglang-0.5.23-*.whl``
+in the checkout, else fetched once (``pip download --no-deps sglang==0.5.23`` into
 ``$FLASHCOMPRESS_CACHE_DIR/../sglang-wheel``, else pytest's cache dir; the tests
 skip with the reason when it cannot be fetched) and its Python sources are
 unpacked, without dependencies, into a temporary target.  SGLang's own
@@ -74,7 +75,16 @@ def _wheel_dir(config: pytest.Config) -> Path:
 
 
 def _fetch_wheel(config: pytest.Config) -> Path:
-    """The cached SGLang wheel, downloaded on first use; skips the tests if it cannot be had."""
+    """The SGLang wheel: ``$FC_SGLANG_WHEEL``, else one in the checkout's ``.sglwhl/``, else the
+    cached download (fetched on first use); skips the tests if it cannot be had."""
+    named = os.environ.get("FC_SGLANG_WHEEL")
+    if named:
+        if not Path(named).is_file():
+            pytest.fail(f"FC_SGLANG_WHEEL={named} is not a file")
+        return Path(named)
+    local = sorted((REPO / ".sglwhl").glob(f"sglang-{VERSION}-*.whl"))
+    if local:
+        return local[-1]
     where = _wheel_dir(config)
     found = sorted(where.glob(f"sglang-{VERSION}-*.whl"))
     if not found:
