@@ -875,13 +875,15 @@ def test_v41_call_sites_in_the_wheel_resolve_the_patched_names(sgl) -> None:
     import ast
 
     backend = _wheel_ast(sgl, "srt/layers/attention/deepseek_v4_backend.py")
-    method = next(n for n in ast.walk(backend) if isinstance(n, ast.FunctionDef) and n.name == "_low_ratio_compress_fused")
+    method = next(n for n in ast.walk(backend)
+                  if isinstance(n, ast.FunctionDef) and n.name == "_low_ratio_compress_fused")
     local = {(n.module, a.name) for n in ast.walk(method) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert {(m, n) for m, n in fc_sglang.V41_TARGETS[:4]} <= local
     top = {(n.module, a.name) for n in backend.body if isinstance(n, ast.ImportFrom) for a in n.names}
     assert (fc_sglang.GATE_MODULE, "fused_low_ratio_compress_supported") in top
     model = _wheel_ast(sgl, "srt/models/deepseek_v4.py")
-    builds = [n for n in ast.walk(model) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "DeepseekV41Compressor"]
+    builds = [n for n in ast.walk(model)
+              if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "DeepseekV41Compressor"]
     assert builds and all("fused_compress" not in {k.arg for k in b.keywords} for b in builds)
 
 
@@ -898,7 +900,8 @@ def test_v41_apply_patches_and_revert_restores(sgl, no_handle_left) -> None:
             assert now is _sglang_v41.ADAPTERS.get(name, now)
         gate = sgl.dsv41.fused_low_ratio_compress_supported
         assert gate.__wrapped__ is originals[(fc_sglang.GATE_MODULE, "fused_low_ratio_compress_supported")]
-        from sglang.kernels.ops.attention.dsv4.low_ratio_compress import c1_decode_norm_rope_store  # the call site's import
+        # the call site's own import
+        from sglang.kernels.ops.attention.dsv4.low_ratio_compress import c1_decode_norm_rope_store
 
         assert c1_decode_norm_rope_store is _sglang_v41.c1_decode_norm_rope_store
     assert _bound() == before
@@ -930,3 +933,15 @@ def test_v41_gate_builds_fused_compressors_on_hopper(sgl, no_handle_left, monkey
     assert build(2).use_fused_compress is sglang_says
     with fc_sglang.apply(low_ratio=False):
         assert build(2).use_fused_compress is sglang_says
+
+
+def test_v41_missing_target_is_a_named_error_and_patches_nothing(sgl, no_handle_left,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _bound()
+    monkeypatch.delattr(sgl.low_ratio, "c2_prefill_norm_rope_store")
+    with pytest.raises(fc_sglang.IntegrationError, match="c2_prefill_norm_rope_store.*low_ratio=False"):
+        fc_sglang.apply()
+    assert {k: v for k, v in _bound().items() if k != (fc_sglang.LOW_RATIO_MODULE, "c2_prefill_norm_rope_store")} == \
+        {k: v for k, v in before.items() if k != (fc_sglang.LOW_RATIO_MODULE, "c2_prefill_norm_rope_store")}
+    with fc_sglang.apply(low_ratio=False):  # the V4 compressor alone still applies
+        assert sgl.layer.compress_forward is fc.compress_forward
