@@ -7,8 +7,9 @@ through SGLang's module attribute with ``apply()`` on and SGLang's ``KVLayout``,
 directly on flashcompress's op; every returned latent and written buffer (pair ring, cache)
 must be byte-equal, and equal to the PyTorch backend's bytes on CPU copies.  Then the
 ratio-1 / 2 layer sequence of the fused method (latent -> ``wk`` -> index-K store) is
-captured in a CUDA graph through the patched names, and SGLang's real
-``DeepseekV41Compressor`` is built on this GPU to check which path the gate selects.
+captured in a CUDA graph through the patched names, SGLang's own
+``_low_ratio_compress_fused`` (compiled from the wheel's source) runs on CUDA tensors, and
+SGLang's real ``DeepseekV41Compressor`` is built on this GPU to check which path the gate selects.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ from test_sglang_integration import (  # noqa: F401  (sgl, no_handle_left: pytes
     V41_OPS,
     assert_v41_equal,
     direct_v41_call,
+    direct_v41_layer_step,
     no_handle_left,
     sgl,
     sglang_v41_call,
     v41_case,
+    v41_layer_world,
     v41_written,
+    wheel_low_ratio_compress_fused,
 )
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -93,6 +97,22 @@ def test_patched_layer_step_captures_in_a_cuda_graph(sgl, no_handle_left, case: 
     assert_v41_equal(case, v41_written(case, args, latent) + [index_cache.cpu()],
                      v41_written(case, want_args, want) + [want_index.cpu()])
     assert want_index.any()
+
+
+@pytest.mark.parametrize("case", ["c1", "c2_decode", "c2_verify", "c2_prefill"])
+@pytest.mark.parametrize("layout", ["v4", "v41_fp4", "v41_fp4_new"])
+def test_sglang_fused_method_on_cuda_equals_direct_calls(sgl, no_handle_left, case: str, layout: str) -> None:
+    """SGLang's real ``_low_ratio_compress_fused`` (compiled from the wheel) on CUDA tensors with
+    ``apply()`` on: main cache, pair ring and index-K cache equal the same step on our ops."""
+    method = wheel_low_ratio_compress_fused(sgl)
+    backend, layer, rows, call, got, _ = v41_layer_world(case, layout, sgl.KVLayout(layout), "cuda")
+    with fc_sglang.apply():
+        method(backend, layer, *rows, **call)
+    _, _, _, _, want, direct = v41_layer_world(case, layout, sgl.KVLayout(layout), "cuda")
+    direct_v41_layer_step(direct)
+    torch.cuda.synchronize()
+    assert_v41_equal(case, [t.view(torch.uint8).cpu() for t in got], [t.view(torch.uint8).cpu() for t in want])
+    assert all(t.any() for t in got)
 
 
 def test_gate_selects_the_fused_path_on_this_gpu(sgl, no_handle_left) -> None:

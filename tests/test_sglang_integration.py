@@ -945,3 +945,93 @@ def test_v41_missing_target_is_a_named_error_and_patches_nothing(sgl, no_handle_
         {k: v for k, v in before.items() if k != (fc_sglang.LOW_RATIO_MODULE, "c2_prefill_norm_rope_store")}
     with fc_sglang.apply(low_ratio=False):  # the V4 compressor alone still applies
         assert sgl.layer.compress_forward is fc.compress_forward
+
+
+def wheel_low_ratio_compress_fused(sgl: SimpleNamespace):
+    """SGLang's own ``DeepseekV4AttnBackend._low_ratio_compress_fused``, compiled from the wheel's
+    source file (its module imports the whole serving runtime, the method only ``torch`` and
+    ``KVLayout``): the real call site of the four V4.1 entry points."""
+    import ast
+
+    path = sgl.root / "srt/layers/attention/deepseek_v4_backend.py"
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DeepseekV4AttnBackend")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_low_ratio_compress_fused")
+    assert not fn.decorator_list
+    namespace = {"torch": torch, "KVLayout": sgl.KVLayout}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace["_low_ratio_compress_fused"]
+
+
+def v41_layer_world(case: str, layout: str, sgl_layout: object, device: str = "cpu"):
+    """One source layer that owns index keys, as ``_low_ratio_compress_fused`` sees it: test
+    doubles of the backend (pool, metadata) and the layer (projection = the input rows).
+
+    Returns ``(backend, layer, (x, req, pos), method keywords, written buffers, direct)``;
+    ``direct`` holds the same inputs for :func:`direct_v41_layer_step`."""
+    args, kwargs = v41_case(case, device, layout)
+    ratio = 1 if case == "c1" else 2
+    g = torch.Generator().manual_seed(9)
+    wk = (0.05 * torch.randn(128, 512, generator=g)).to(torch.bfloat16).to(device)
+    k_norm = (1 + 0.1 * torch.randn(128, generator=g)).to(torch.bfloat16).to(device)
+    index_cache = torch.zeros(8, 68 * 64, dtype=torch.uint8, device=device)  # slots < 512
+    if ratio == 1:
+        x, w, pos, raw, eps, freqs, cache = args
+        req, state, ring, out_loc = torch.zeros_like(pos), None, None, raw
+    else:
+        x, state, w, pos, req, raw, eps, freqs, cache = args[:9]
+        ring = kwargs["ring_size"]
+        out_loc = torch.where((pos + 1) % 2 == 0, raw // 2, torch.full_like(raw, -1))
+    pool = SimpleNamespace(
+        uniform_fp8=False,
+        get_extra_key_buffer=lambda layer_id: cache,
+        get_extra_key_page_size=lambda layer_id: kwargs["page_size"],
+        get_extra_key_layout=lambda layer_id: sgl_layout,
+        get_attention_compress_states=lambda layer_id: SimpleNamespace(
+            kv_score_buffer=SimpleNamespace(kv_score=state), ring_size=ring),
+        low_ratio_index_k_is_split=lambda layer_id: False,
+        get_index_k_with_scale_buffer=lambda layer_id: index_cache,
+    )
+    core = SimpleNamespace(raw_out_loc=raw, c1_out_loc=raw if ratio == 1 else None, c2_out_loc=out_loc)
+    backend = SimpleNamespace(token_to_kv_pool=pool, forward_metadata=SimpleNamespace(core_metadata=core))
+    layer = SimpleNamespace(
+        layer_id=3, compress_ratio=ratio, freqs_cis=torch.view_as_complex(freqs.view(freqs.shape[0], -1, 2)),
+        compressor=SimpleNamespace(wkv=lambda t: t, project_fused=lambda t: t,
+                                   norm=SimpleNamespace(weight=torch.nn.Parameter(w, requires_grad=False), eps=eps)),
+        indexer=SimpleNamespace(owns_k=True, forward_wk=lambda latent: latent @ wk.t(),
+                                k_norm=SimpleNamespace(weight=torch.nn.Parameter(k_norm, requires_grad=False),
+                                                       eps=1e-6)),
+    )
+    call = {"draft_len": kwargs["draft_len"]} if "draft_len" in kwargs else {}
+    if case == "c2_prefill":
+        call["extend_offsets"] = tuple(args[9:11])
+    written = [t for t in (cache, state, index_cache) if t is not None]
+    direct = SimpleNamespace(case=case, args=args, kwargs=kwargs, wk=wk, k_norm=k_norm, out_loc=out_loc,
+                             index_cache=index_cache)
+    return backend, layer, (x, req, pos), call, written, direct
+
+
+def direct_v41_layer_step(d: SimpleNamespace) -> None:
+    """The same layer step on flashcompress's ops: c1 / c2, ``wk`` on the latent, index-K at ``c{r}_out_loc``."""
+    latent = direct_v41_call(d.case, d.args, d.kwargs)
+    ratio = 1 if d.case == "c1" else 2
+    pos = d.args[2] if ratio == 1 else d.args[3]
+    fc.index_k_norm_rope_pack_store(latent @ d.wk.t(), d.k_norm, 1e-6, d.args[5 if ratio == 1 else 7], pos, d.out_loc,
+                                    d.index_cache, ratio=ratio)
+
+
+@pytest.mark.parametrize("case", ["c1", "c2_decode", "c2_verify", "c2_prefill"])
+@pytest.mark.parametrize("layout", ["v4", "v41_fp4", "v41_fp4_new"])
+def test_v41_sglang_fused_method_runs_on_flashcompress(sgl, no_handle_left, case: str, layout: str) -> None:
+    """SGLang's real ``_low_ratio_compress_fused`` (compiled from the wheel) with ``apply()`` on
+    writes the main cache, pair ring and index-K cache bytes of the same step run directly."""
+    method = wheel_low_ratio_compress_fused(sgl)
+    backend, layer, rows, call, got, _ = v41_layer_world(case, layout, sgl.KVLayout(layout))
+    fresh = [t.clone() for t in got]
+    with fc_sglang.apply():
+        method(backend, layer, *rows, **call)
+    _, _, _, _, want, direct = v41_layer_world(case, layout, sgl.KVLayout(layout))
+    direct_v41_layer_step(direct)
+    assert_v41_equal(case, [t.view(torch.uint8) for t in got], [t.view(torch.uint8) for t in want])
+    for before, after in zip(fresh, got):
+        assert not torch.equal(before, after)
