@@ -1,6 +1,7 @@
 """``flashcompress.integrations.sglang`` against the real SGLang 0.5.23 wheel.
 
-The wheel is fetched once (``pip download --no-deps sglang==0.5.23`` into
+The wheel is ``$FC_SGLANG_WHEEL`` if set, else ``.sglwhl/sglang-0.5.23-*.whl``
+in the checkout, else fetched once (``pip download --no-deps sglang==0.5.23`` into
 ``$FLASHCOMPRESS_CACHE_DIR/../sglang-wheel``, else pytest's cache dir; the tests
 skip with the reason when it cannot be fetched) and its Python sources are
 unpacked, without dependencies, into a temporary target.  SGLang's own
@@ -25,6 +26,13 @@ Stubs (modules that cannot import without SGLang's GPU / server dependencies):
       kernels fails the test loudly.
   sglang.srt.layers.attention.dsa.utils
       imports triton; the stub holds the two names ``compress.py`` imports.
+  the leaves of the V4.1 modules (``dsv41_sparse``, ``fp4_indexer_rope``)
+      ``gemm.bf16_fp32``, ``gemm.router_gemv_hip``, ``layernorm.rmsnorm_fp32``,
+      ``srt.layers.linear``, ``srt.layers.quantization.base_config`` and
+      ``dsv4.fp4_indexer`` import triton / msgspec / the distributed runtime;
+      each stub holds only the names those two modules import (the GEMM and
+      norm stubs raise ``SGLangKernelReached`` if called), and
+      ``gemm``, ``layernorm``, ``quantization`` are package shells as above.
 
 The engine objects around SGLang's code (the KV pool, the compressor layer, the
 forward batch, the attention backend's metadata) are small test doubles of the
@@ -67,7 +75,16 @@ def _wheel_dir(config: pytest.Config) -> Path:
 
 
 def _fetch_wheel(config: pytest.Config) -> Path:
-    """The cached SGLang wheel, downloaded on first use; skips the tests if it cannot be had."""
+    """The SGLang wheel: ``$FC_SGLANG_WHEEL``, else one in the checkout's ``.sglwhl/``, else the
+    cached download (fetched on first use); skips the tests if it cannot be had."""
+    named = os.environ.get("FC_SGLANG_WHEEL")
+    if named:
+        if not Path(named).is_file():
+            pytest.fail(f"FC_SGLANG_WHEEL={named} is not a file")
+        return Path(named)
+    local = sorted((REPO / ".sglwhl").glob(f"sglang-{VERSION}-*.whl"))
+    if local:
+        return local[-1]
     where = _wheel_dir(config)
     found = sorted(where.glob(f"sglang-{VERSION}-*.whl"))
     if not found:
@@ -123,6 +140,17 @@ def _install_stubs(target: Path) -> None:
            cuda_stubs_dir=_no, KERNEL_PATH=target / "sglang" / "kernels" / "jit")
     module("sglang.srt.layers.attention.dsa.utils", INDEXER_K_CACHE_PRESHUFFLE_TILE=16,
            aiter_can_use_preshuffle_paged_mqa=_no)
+    # the V4.1 modules' leaves (dsv41_sparse, fp4_indexer_rope)
+    for name in ("sglang.kernels.ops.gemm", "sglang.kernels.ops.layernorm", "sglang.kernels.ops.quantization",
+                 "sglang.srt.layers.quantization"):
+        module(name, package=True)
+    sys.modules["sglang.srt.utils"].add_prefix = lambda name, prefix: f"{prefix}.{name}" if prefix else name
+    module("sglang.kernels.ops.gemm.bf16_fp32", linear_bf16_fp32=_load_jit)
+    module("sglang.kernels.ops.gemm.router_gemv_hip", rocm_gemv_split_k_max_tokens=lambda **_: -1)
+    module("sglang.kernels.ops.layernorm.rmsnorm_fp32", rmsnorm_fp32=_load_jit)
+    module("sglang.srt.layers.linear", ReplicatedLinear=torch.nn.Module)
+    module("sglang.srt.layers.quantization.base_config", QuantizationConfig=object)
+    module("sglang.kernels.ops.attention.dsv4.fp4_indexer", INDEX_K_SLOT_BYTES=68)
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +169,10 @@ def sgl(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
         ops=importlib.import_module("sglang.kernels.ops.attention.dsv4"),
         compress=importlib.import_module("sglang.kernels.ops.attention.dsv4.compress"),
         KVLayout=importlib.import_module("sglang.kernels.ops.attention.dsv4.kv_layout").KVLayout,
+        low_ratio=importlib.import_module(fc_sglang.LOW_RATIO_MODULE),
+        index_k=importlib.import_module(fc_sglang.INDEX_K_MODULE),
+        dsv41=importlib.import_module(fc_sglang.GATE_MODULE),
+        root=target / "sglang",
     )
     yield mods
     for name in [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]:
@@ -653,3 +685,353 @@ def test_apply_without_sglang_is_a_named_error(tmp_path: Path) -> None:
                          timeout=120, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert "refused:" in run.stdout and "sglang.kernels.ops.attention.dsv4" in run.stdout
+
+
+# --------------------------------------------------------------------------- V4.1 low-ratio layers
+#
+# SGLang's ``DeepseekV4AttnBackend._low_ratio_compress_fused`` (not importable here: it pulls in
+# the whole serving runtime) imports the four entry points from their modules at call time and
+# calls them with the pool's ``KVLayout``.  ``sglang_v41_call`` does the same; each case is
+# built twice from one seed, once for the patched SGLang call and once for the direct
+# flashcompress call, and every output and written buffer must be byte-equal.
+
+V41_EPS = 1e-20  # V4.1-Flash's rms_norm_eps
+V41_ROPE_ROWS = 64
+V41_OPS = {  # case -> (SGLang module attribute of fc_sglang, entry point, indexes of the buffers it writes)
+    "c1": ("LOW_RATIO_MODULE", "c1_decode_norm_rope_store", (6,)),
+    "c2_decode": ("LOW_RATIO_MODULE", "c2_decode_norm_rope_store", (1, 8)),
+    "c2_verify": ("LOW_RATIO_MODULE", "c2_decode_norm_rope_store", (1, 8)),
+    "c2_prefill": ("LOW_RATIO_MODULE", "c2_prefill_norm_rope_store", (1, 8)),
+    "index_k_r1": ("INDEX_K_MODULE", "index_k_norm_rope_pack_store", (6,)),
+    "index_k_r2": ("INDEX_K_MODULE", "index_k_norm_rope_pack_store", (6,)),
+}
+V41_LAYOUTS = [m.value for m in fc.KVLayout]
+
+
+def v41_case(case: str, device: str, layout: object = None) -> tuple[list[object], dict[str, object]]:
+    """Fresh ``(args, kwargs)`` of one SGLang-style call of ``case`` (same seed, same bytes every time).
+
+    Rows cover the sentinels: a padded row (slot / raw_out_loc 0), even and odd ratio-2
+    positions, a verify block per request, a prefill with two requests and a padding row,
+    index-K rows with loc 0 and -1.  ``layout=None`` leaves the keyword out (SGLang's default).
+    """
+    g = torch.Generator().manual_seed(41 + list(V41_OPS).index(case))
+    dev = torch.device(device)
+    angles = torch.arange(V41_ROPE_ROWS)[:, None] * (10000.0 ** (-torch.arange(32) / 32))[None, :]
+    freqs = torch.view_as_real(torch.polar(torch.ones_like(angles), angles)).flatten(-2).contiguous()
+    i64 = lambda v: torch.tensor(v, dtype=torch.int64, device=dev)
+    i32 = lambda v: torch.tensor(v, dtype=torch.int32, device=dev)
+    lay = fc.KVLayout(str(getattr(layout, "value", layout) or "v4").lower())  # sizes the cache
+    kw: dict[str, object] = {} if layout is None else {"layout": layout}
+    if case.startswith("index_k"):
+        x = torch.randn(5, 128, generator=g).to(torch.bfloat16)
+        w = (1 + 0.1 * torch.randn(128, generator=g)).to(torch.bfloat16)
+        cache = torch.zeros(2, 68 * 64, dtype=torch.uint8)
+        args = [x, w, 1e-6, freqs, i64([0, 3, 7, 8, 20]), i64([0, -1, 9, 100, 64]), cache]
+        return [a.to(dev) if isinstance(a, torch.Tensor) else a for a in args], {"ratio": int(case[-1])}
+    w = (1 + 0.1 * torch.randn(512, generator=g)).to(torch.bfloat16).to(dev)
+    if case == "c1":
+        x = (3 * torch.randn(6, 512, generator=g)).to(torch.bfloat16).to(dev)
+        cache = torch.zeros(2, lay.page_bytes(256), dtype=torch.uint8, device=dev)
+        args = [x, w, i64([0, 5, 17, 30, 31, 63]), i64([0, 5, 300, 17, 256, 42]), V41_EPS, freqs.to(dev), cache]
+        return args, {"page_size": 256, **kw}
+    if case == "c2_decode":  # one row per request; the last row is CUDA-graph padding
+        ring, req, pos, raw, extra = 2, [1, 2, 3, 0], [7, 10, 33, 0], [15, 20, 101, 0], {}
+    elif case == "c2_verify":  # two blocks of 3 drafts, one starting odd, one even
+        ring, req, pos, raw = 8, [1, 1, 1, 2, 2, 2], [11, 12, 13, 4, 5, 6], [23, 24, 25, 260, 261, 262]
+        extra = {"draft_len": 3}
+    else:  # prefill: request 1 resumes at an odd position, request 2 starts, a padding row
+        ring = 2
+        req, pos = [1] * 6 + [2] * 3 + [0], [3, 4, 5, 6, 7, 8, 0, 1, 2, 0]
+        raw = [100 + p for p in pos[:6]] + [300 + p for p in pos[6:9]] + [0]
+        extra = {}
+    kv = torch.randn(len(req), 1024, generator=g)
+    state = torch.randn(fc.v41.pair_ring_rows(4, ring), 1024, generator=g)
+    cache = torch.zeros(4, lay.page_bytes(128), dtype=torch.uint8)
+    args = [kv.to(dev), state.to(dev), w, i64(pos), i64(req), i64(raw), V41_EPS, freqs.to(dev), cache.to(dev)]
+    if case == "c2_prefill":
+        args += [i32([0, 6]), i32([6, 3])]
+    return args, {"page_size": 128, "ring_size": ring, **extra, **kw}
+
+
+def sglang_v41_call(case: str, args: list[object], kwargs: dict[str, object]) -> object:
+    """Call ``case``'s SGLang entry point the way ``_low_ratio_compress_fused`` does: imported from
+    its module at call time, positional tensors, keyword options."""
+    module_attr, name, _ = V41_OPS[case]
+    import importlib
+
+    return getattr(importlib.import_module(getattr(fc_sglang, module_attr)), name)(*args, **kwargs)
+
+
+def direct_v41_call(case: str, args: list[object], kwargs: dict[str, object]) -> object:
+    """The same call on flashcompress's op, with flashcompress's ``KVLayout``."""
+    kwargs = dict(kwargs)
+    if "layout" in kwargs:
+        kwargs["layout"] = fc.KVLayout(getattr(kwargs["layout"], "value", kwargs["layout"]).lower())
+    return getattr(fc, V41_OPS[case][1])(*args, **kwargs)
+
+
+def v41_written(case: str, args: list[object], result: object) -> list[torch.Tensor]:
+    """The call's outputs as bytes: the returned latent (c1 / c2) and every buffer it writes."""
+    out = [args[i] for i in V41_OPS[case][2]] + ([result] if isinstance(result, torch.Tensor) else [])
+    return [t.contiguous().view(torch.uint8).cpu().clone() for t in out]
+
+
+def assert_v41_equal(case: str, got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
+    assert len(got) == len(want)
+    for i, (a, b) in enumerate(zip(got, want)):
+        if not torch.equal(a, b):
+            bad = (a != b).nonzero()
+            pytest.fail(f"{case}: output {i} differs in {bad.shape[0]} bytes, first at {bad[0].tolist()}")
+
+
+def _v41_sglang_layout(sgl: SimpleNamespace, layout: str | None, spelling: str) -> object:
+    if layout is None:
+        return None
+    return {"member": sgl.KVLayout(layout), "str": layout, "upper": layout.upper()}[spelling]
+
+
+@pytest.mark.parametrize("case", [c for c in V41_OPS if not c.startswith("index_k")])
+@pytest.mark.parametrize("layout", V41_LAYOUTS)
+def test_v41_adapters_equal_direct_calls(sgl, no_handle_left, case: str, layout: str) -> None:
+    """SGLang's entry points, patched and called with SGLang's ``KVLayout``, write our op's bytes."""
+    want_args, kwargs = v41_case(case, "cpu", layout)
+    want = v41_written(case, want_args, direct_v41_call(case, want_args, kwargs))
+    fresh = v41_written(case, v41_case(case, "cpu", layout)[0], None)  # the written buffers before the call
+    args, kwargs = v41_case(case, "cpu", sgl.KVLayout(layout))
+    with fc_sglang.apply():
+        got = v41_written(case, args, sglang_v41_call(case, args, kwargs))
+    assert_v41_equal(case, got, want)
+    for before, after in zip(fresh, want):  # every written buffer changed, and the latent is not all zero
+        assert not torch.equal(before, after)
+    assert want[-1].view(torch.bfloat16).abs().sum() > 0
+
+
+@pytest.mark.parametrize("case", list(V41_OPS))
+@pytest.mark.parametrize("spelling", ["default", "str", "upper"])
+def test_v41_adapters_take_sglang_defaults_and_layout_strings(sgl, no_handle_left, case: str, spelling: str) -> None:
+    layout = None if spelling == "default" or case.startswith("index_k") else "v41_fp4"
+    want_args, kwargs = v41_case(case, "cpu", layout)
+    want = v41_written(case, want_args, direct_v41_call(case, want_args, kwargs))
+    args, kwargs = v41_case(case, "cpu", _v41_sglang_layout(sgl, layout, "str" if spelling == "default" else spelling))
+    with fc_sglang.apply():
+        got = v41_written(case, args, sglang_v41_call(case, args, kwargs))
+    assert_v41_equal(case, got, want)
+
+
+@pytest.mark.parametrize("case", ["c1", "c2_decode", "c2_prefill"])
+@pytest.mark.parametrize("layout", ["v5", "fp8", 3, None])
+def test_v41_unknown_layouts_raise_before_writing(sgl, no_handle_left, case: str, layout: object) -> None:
+    args, kwargs = v41_case(case, "cpu", "v4")
+    kwargs["layout"] = layout
+    out = torch.full((len(args[0]), 512), 7.0, dtype=torch.bfloat16)
+    before = v41_written(case, args, out)
+    with fc_sglang.apply():
+        with pytest.raises(fc_sglang.UnsupportedFeatureError, match="layout"):
+            sglang_v41_call(case, args, {**kwargs, "out": out})
+    assert_v41_equal(case, v41_written(case, args, out), before)
+
+
+@pytest.mark.parametrize("case", list(V41_OPS))
+def test_v41_adapters_refuse_rocm_before_writing(sgl, no_handle_left, monkeypatch: pytest.MonkeyPatch,
+                                                 case: str) -> None:
+    args, kwargs = v41_case(case, "cpu", None)
+    before = v41_written(case, args, None)
+    with fc_sglang.apply():
+        monkeypatch.setattr(torch.version, "hip", "6.2")
+        with pytest.raises(fc_sglang.UnsupportedFeatureError, match="ROCm"):
+            sglang_v41_call(case, args, kwargs)
+    assert_v41_equal(case, v41_written(case, args, None), before)
+
+
+def test_v41_adapters_have_sglang_signatures(sgl) -> None:
+    """Argument names, order, kinds and defaults of every adapter equal SGLang's entry point's."""
+    import inspect
+
+    from flashcompress.integrations import _sglang_v41
+
+    for module_name, name in fc_sglang.V41_TARGETS:
+        original = getattr(sys.modules[module_name], name)  # a missing target fails here
+        assert callable(original), f"{module_name}.{name}"
+        ours = _sglang_v41.ADAPTERS.get(name)
+        if ours is None:  # the gate: no arguments, as SGLang's
+            assert not inspect.signature(original).parameters
+            continue
+        shape = lambda f: [(p.name, p.kind, p.default) for p in inspect.signature(f).parameters.values()]
+        assert shape(ours) == shape(original), f"{module_name}.{name}"
+
+
+def _wheel_ast(sgl: SimpleNamespace, relpath: str):
+    import ast
+
+    return ast.parse((sgl.root / relpath).read_text())
+
+
+def test_v41_call_sites_in_the_wheel_resolve_the_patched_names(sgl) -> None:
+    """The engine code that cannot be imported here (the attention backend, the model) reaches the
+    patched objects: the fused method imports the entry points from the patched modules at call
+    time, the backend binds the gate from ``dsv41_sparse`` (found by identity once imported), and
+    the model builds ``DeepseekV41Compressor`` without overriding the gate."""
+    import ast
+
+    backend = _wheel_ast(sgl, "srt/layers/attention/deepseek_v4_backend.py")
+    method = next(n for n in ast.walk(backend)
+                  if isinstance(n, ast.FunctionDef) and n.name == "_low_ratio_compress_fused")
+    local = {(n.module, a.name) for n in ast.walk(method) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert {(m, n) for m, n in fc_sglang.V41_TARGETS[:4]} <= local
+    top = {(n.module, a.name) for n in backend.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert (fc_sglang.GATE_MODULE, "fused_low_ratio_compress_supported") in top
+    model = _wheel_ast(sgl, "srt/models/deepseek_v4.py")
+    builds = [n for n in ast.walk(model)
+              if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "DeepseekV41Compressor"]
+    assert builds and all("fused_compress" not in {k.arg for k in b.keywords} for b in builds)
+
+
+def test_v41_apply_patches_and_revert_restores(sgl, no_handle_left) -> None:
+    from flashcompress.integrations import _sglang_v41
+
+    originals = {t: getattr(sys.modules[t[0]], t[1]) for t in fc_sglang.V41_TARGETS}
+    before = _bound()
+    with fc_sglang.apply() as handle:
+        where = {b.where for b in handle.bindings}
+        for (module_name, name), original in originals.items():
+            now = getattr(sys.modules[module_name], name)
+            assert f"{module_name}.{name}" in where and now is not original
+            assert now is _sglang_v41.ADAPTERS.get(name, now)
+        gate = sgl.dsv41.fused_low_ratio_compress_supported
+        assert gate.__wrapped__ is originals[(fc_sglang.GATE_MODULE, "fused_low_ratio_compress_supported")]
+        # the call site's own import
+        from sglang.kernels.ops.attention.dsv4.low_ratio_compress import c1_decode_norm_rope_store
+
+        assert c1_decode_norm_rope_store is _sglang_v41.c1_decode_norm_rope_store
+    assert _bound() == before
+    for (module_name, name), original in originals.items():
+        assert getattr(sys.modules[module_name], name) is original
+    with fc_sglang.apply(low_ratio=False) as handle:  # the V4 compressor only
+        assert not {f"{m}.{n}" for m, n in fc_sglang.V41_TARGETS} & {b.where for b in handle.bindings}
+        assert sgl.low_ratio.c1_decode_norm_rope_store is originals[fc_sglang.V41_TARGETS[0]]
+        assert sgl.layer.compress_forward is fc.compress_forward
+    assert _bound() == before
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (10, 0), (8, 0)], ids=["sm90", "sm100", "sm80"])
+def test_v41_gate_builds_fused_compressors_on_hopper(sgl, no_handle_left, monkeypatch: pytest.MonkeyPatch,
+                                                     capability: tuple[int, int]) -> None:
+    """SGLang's real ``DeepseekV41Compressor`` picks the fused path (and its one-GEMM ratio-2
+    projection ``wkv_gate``) on a GPU of ``capability`` exactly when flashcompress serves it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *_: capability)
+    monkeypatch.setattr(torch.version, "hip", None)
+    build = lambda ratio: sgl.dsv41.DeepseekV41Compressor(64, 512, ratio, V41_EPS)
+    sglang_says, ours = capability[0] >= 10, capability[0] >= 9
+    assert build(2).use_fused_compress is sglang_says
+    with fc_sglang.apply():
+        for ratio in (1, 2):
+            c = build(ratio)
+            assert c.use_fused_compress is ours
+            assert hasattr(c, "wkv_gate") is (ours and ratio == 2) and hasattr(c, "wkv") is not (ours and ratio == 2)
+    assert build(2).use_fused_compress is sglang_says
+    with fc_sglang.apply(low_ratio=False):
+        assert build(2).use_fused_compress is sglang_says
+
+
+def test_v41_missing_target_is_a_named_error_and_patches_nothing(sgl, no_handle_left,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _bound()
+    monkeypatch.delattr(sgl.low_ratio, "c2_prefill_norm_rope_store")
+    with pytest.raises(fc_sglang.IntegrationError, match="c2_prefill_norm_rope_store.*low_ratio=False"):
+        fc_sglang.apply()
+    assert {k: v for k, v in _bound().items() if k != (fc_sglang.LOW_RATIO_MODULE, "c2_prefill_norm_rope_store")} == \
+        {k: v for k, v in before.items() if k != (fc_sglang.LOW_RATIO_MODULE, "c2_prefill_norm_rope_store")}
+    with fc_sglang.apply(low_ratio=False):  # the V4 compressor alone still applies
+        assert sgl.layer.compress_forward is fc.compress_forward
+
+
+def wheel_low_ratio_compress_fused(sgl: SimpleNamespace):
+    """SGLang's own ``DeepseekV4AttnBackend._low_ratio_compress_fused``, compiled from the wheel's
+    source file (its module imports the whole serving runtime, the method only ``torch`` and
+    ``KVLayout``): the real call site of the four V4.1 entry points."""
+    import ast
+
+    path = sgl.root / "srt/layers/attention/deepseek_v4_backend.py"
+    tree = ast.parse(path.read_text())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DeepseekV4AttnBackend")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_low_ratio_compress_fused")
+    assert not fn.decorator_list
+    namespace = {"torch": torch, "KVLayout": sgl.KVLayout}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec"), namespace)
+    return namespace["_low_ratio_compress_fused"]
+
+
+def v41_layer_world(case: str, layout: str, sgl_layout: object, device: str = "cpu"):
+    """One source layer that owns index keys, as ``_low_ratio_compress_fused`` sees it: test
+    doubles of the backend (pool, metadata) and the layer (projection = the input rows).
+
+    Returns ``(backend, layer, (x, req, pos), method keywords, written buffers, direct)``;
+    ``direct`` holds the same inputs for :func:`direct_v41_layer_step`."""
+    args, kwargs = v41_case(case, device, layout)
+    ratio = 1 if case == "c1" else 2
+    g = torch.Generator().manual_seed(9)
+    wk = (0.05 * torch.randn(128, 512, generator=g)).to(torch.bfloat16).to(device)
+    k_norm = (1 + 0.1 * torch.randn(128, generator=g)).to(torch.bfloat16).to(device)
+    index_cache = torch.zeros(8, 68 * 64, dtype=torch.uint8, device=device)  # slots < 512
+    if ratio == 1:
+        x, w, pos, raw, eps, freqs, cache = args
+        req, state, ring, out_loc = torch.zeros_like(pos), None, None, raw
+    else:
+        x, state, w, pos, req, raw, eps, freqs, cache = args[:9]
+        ring = kwargs["ring_size"]
+        out_loc = torch.where((pos + 1) % 2 == 0, raw // 2, torch.full_like(raw, -1))
+    pool = SimpleNamespace(
+        uniform_fp8=False,
+        get_extra_key_buffer=lambda layer_id: cache,
+        get_extra_key_page_size=lambda layer_id: kwargs["page_size"],
+        get_extra_key_layout=lambda layer_id: sgl_layout,
+        get_attention_compress_states=lambda layer_id: SimpleNamespace(
+            kv_score_buffer=SimpleNamespace(kv_score=state), ring_size=ring),
+        low_ratio_index_k_is_split=lambda layer_id: False,
+        get_index_k_with_scale_buffer=lambda layer_id: index_cache,
+    )
+    core = SimpleNamespace(raw_out_loc=raw, c1_out_loc=raw if ratio == 1 else None, c2_out_loc=out_loc)
+    backend = SimpleNamespace(token_to_kv_pool=pool, forward_metadata=SimpleNamespace(core_metadata=core))
+    layer = SimpleNamespace(
+        layer_id=3, compress_ratio=ratio, freqs_cis=torch.view_as_complex(freqs.view(freqs.shape[0], -1, 2)),
+        compressor=SimpleNamespace(wkv=lambda t: t, project_fused=lambda t: t,
+                                   norm=SimpleNamespace(weight=torch.nn.Parameter(w, requires_grad=False), eps=eps)),
+        indexer=SimpleNamespace(owns_k=True, forward_wk=lambda latent: latent @ wk.t(),
+                                k_norm=SimpleNamespace(weight=torch.nn.Parameter(k_norm, requires_grad=False),
+                                                       eps=1e-6)),
+    )
+    call = {"draft_len": kwargs["draft_len"]} if "draft_len" in kwargs else {}
+    if case == "c2_prefill":
+        call["extend_offsets"] = tuple(args[9:11])
+    written = [t for t in (cache, state, index_cache) if t is not None]
+    direct = SimpleNamespace(case=case, args=args, kwargs=kwargs, wk=wk, k_norm=k_norm, out_loc=out_loc,
+                             index_cache=index_cache)
+    return backend, layer, (x, req, pos), call, written, direct
+
+
+def direct_v41_layer_step(d: SimpleNamespace) -> None:
+    """The same layer step on flashcompress's ops: c1 / c2, ``wk`` on the latent, index-K at ``c{r}_out_loc``."""
+    latent = direct_v41_call(d.case, d.args, d.kwargs)
+    ratio = 1 if d.case == "c1" else 2
+    pos = d.args[2] if ratio == 1 else d.args[3]
+    fc.index_k_norm_rope_pack_store(latent @ d.wk.t(), d.k_norm, 1e-6, d.args[5 if ratio == 1 else 7], pos, d.out_loc,
+                                    d.index_cache, ratio=ratio)
+
+
+@pytest.mark.parametrize("case", ["c1", "c2_decode", "c2_verify", "c2_prefill"])
+@pytest.mark.parametrize("layout", ["v4", "v41_fp4", "v41_fp4_new"])
+def test_v41_sglang_fused_method_runs_on_flashcompress(sgl, no_handle_left, case: str, layout: str) -> None:
+    """SGLang's real ``_low_ratio_compress_fused`` (compiled from the wheel) with ``apply()`` on
+    writes the main cache, pair ring and index-K cache bytes of the same step run directly."""
+    method = wheel_low_ratio_compress_fused(sgl)
+    backend, layer, rows, call, got, _ = v41_layer_world(case, layout, sgl.KVLayout(layout))
+    fresh = [t.clone() for t in got]
+    with fc_sglang.apply():
+        method(backend, layer, *rows, **call)
+    _, _, _, _, want, direct = v41_layer_world(case, layout, sgl.KVLayout(layout))
+    direct_v41_layer_step(direct)
+    assert_v41_equal(case, [t.view(torch.uint8) for t in got], [t.view(torch.uint8) for t in want])
+    for before, after in zip(fresh, got):
+        assert not torch.equal(before, after)

@@ -3,7 +3,9 @@
 SGLang 0.5.23's compressor ops and flashcompress's share names and signatures,
 except that SGLang's ``compress_norm_rope_store`` takes a few more keywords:
 
-  layout=                V4 (accepted), or a V4.1 layout (refused: not implemented here yet)
+  layout=                V4 (accepted), or a V4.1 layout (refused: flashcompress's ratio-4 / 128 store,
+                         ``compress_norm_rope_store``, has no ``layout=``; the V4.1 layouts exist only
+                         for the ratio-1 / 2 ops, bound by :mod:`._sglang_v41`)
   kvcache_scale=, rope_cache=, fp4_k_write_metadata=
                          the HIP FP4 indexer writer's split scale pool and tables (refused)
   fp8_2buff=, kvcache_rope=
@@ -52,8 +54,9 @@ def check_sglang_store_keywords(
     """Refuse SGLang store keywords flashcompress does not implement (``UnsupportedFeatureError``)."""
     name = getattr(layout, "value", layout)  # a KVLayout member or its string
     if not (isinstance(name, str) and name.lower() == _V4_LAYOUT):
-        _refuse("layout", layout, "only the V4 cache layout (584-byte main-KV rows) is implemented; "
-                "the V4.1 layouts are not")
+        _refuse("layout", layout, "the ratio-4 / 128 store implements only the V4 cache layout (584-byte "
+                "main-KV rows); flashcompress.compress_norm_rope_store has no layout= for the V4.1 layouts "
+                "(only the ratio-1 / 2 ops take them)")
     for keyword, value in (("kvcache_scale", kvcache_scale), ("rope_cache", rope_cache),
                            ("fp4_k_write_metadata", fp4_k_write_metadata)):
         if value is not None:

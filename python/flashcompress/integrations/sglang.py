@@ -1,4 +1,4 @@
-"""Run SGLang's DeepSeek-V4 compressor on flashcompress: ``apply()`` before model load, ``revert()`` to undo.
+"""Run SGLang's DeepSeek-V4 / V4.1 compressors on flashcompress: ``apply()`` before model load, ``revert()`` to undo.
 
     import flashcompress.integrations.sglang as fc_sglang
     handle = fc_sglang.apply()          # or: with fc_sglang.apply(): ...
@@ -13,7 +13,15 @@ and in every already-imported ``sglang`` module holding the originals
 (``compressor_v2``, the attention backends, ...).  ``fused=True`` also wraps
 ``CompressorBackendMixin._forward_compress_all_in_one`` so each layer's two op
 calls run as one ``flashcompress.compress_and_store`` (SGLang's method body
-still runs as written).  ``docs/sglang.md`` lists every name.
+still runs as written).
+
+``low_ratio=True`` (the default) also rebinds DeepSeek-V4.1's ratio-1 / 2
+entry points (``low_ratio_compress.c1_decode_norm_rope_store``,
+``c2_decode_norm_rope_store``, ``c2_prefill_norm_rope_store``,
+``fp4_indexer_rope.index_k_norm_rope_pack_store``) to adapters with SGLang's
+signatures, and the gate ``dsv41_sparse.fused_low_ratio_compress_supported``
+so that SGLang takes that fused path on Hopper too (it gates it on SM100).
+``docs/sglang.md`` lists every name.
 
 Importing this module imports neither SGLang nor torch and compiles nothing.
 """
@@ -30,6 +38,7 @@ from .errors import IntegrationError, UnsupportedFeatureError, UnsupportedVersio
 
 __all__ = [
     "SUPPORTED_VERSIONS",
+    "V41_TARGETS",
     "Binding",
     "Handle",
     "IntegrationError",
@@ -51,6 +60,24 @@ LAYER_MODULE = "sglang.srt.layers.attention.dsv4.compressor_v2"
 OP_NAMES: tuple[str, ...] = (
     "CompressorDecodePlan", "CompressorPrefillPlan", "compress_forward", "compress_norm_rope_store",
 )
+
+LOW_RATIO_MODULE = "sglang.kernels.ops.attention.dsv4.low_ratio_compress"
+"""Where SGLang defines the V4.1 ratio-1 / 2 ops (``_low_ratio_compress_fused`` imports them from here)."""
+
+INDEX_K_MODULE = "sglang.kernels.ops.attention.dsv4.fp4_indexer_rope"
+"""Where SGLang defines the V4.1 index-key store."""
+
+GATE_MODULE = "sglang.srt.layers.attention.dsv4.dsv41_sparse"
+"""The module of ``fused_low_ratio_compress_supported`` and ``DeepseekV41Compressor``."""
+
+V41_TARGETS: tuple[tuple[str, str], ...] = (
+    (LOW_RATIO_MODULE, "c1_decode_norm_rope_store"),
+    (LOW_RATIO_MODULE, "c2_decode_norm_rope_store"),
+    (LOW_RATIO_MODULE, "c2_prefill_norm_rope_store"),
+    (INDEX_K_MODULE, "index_k_norm_rope_pack_store"),
+    (GATE_MODULE, "fused_low_ratio_compress_supported"),
+)
+"""``(module, name)`` of every V4.1 object ``apply(low_ratio=True)`` replaces (and wherever else it is bound)."""
 
 _active: Handle | None = None
 
@@ -107,6 +134,22 @@ def _replacements(ops: object, fused: bool) -> dict[int, tuple[object, object]]:
     return pairs
 
 
+def _v41_replacements() -> dict[int, tuple[object, object]]:
+    """``id(SGLang object) -> (SGLang object, flashcompress object)`` for the V4.1 ops and the gate."""
+    from . import _sglang_v41
+
+    pairs = {}
+    for module_name, name in V41_TARGETS:
+        original = getattr(_import(module_name), name, None)
+        if original is None:
+            raise IntegrationError(f"{module_name} has no {name}: this SGLang does not have the expected V4.1 ops "
+                                   "(apply(low_ratio=False) patches the V4 compressor only)")
+        ours = _sglang_v41.low_ratio_gate(original) if name == "fused_low_ratio_compress_supported" \
+            else _sglang_v41.ADAPTERS[name]
+        pairs[id(original)] = (original, ours)
+    return pairs
+
+
 def _fused_binding() -> Binding:
     from ._sglang_ops import fused_layer_call
 
@@ -119,10 +162,14 @@ def _fused_binding() -> Binding:
     return Binding(mixin, "_forward_compress_all_in_one", method, fused_layer_call(method))
 
 
-def apply(*, fused: bool = False, strict: bool = True) -> Handle:
-    """Switch SGLang's DeepSeek-V4 compressor ops to flashcompress; returns the ``Handle`` that undoes it.
+def apply(*, fused: bool = False, strict: bool = True, low_ratio: bool = True) -> Handle:
+    """Switch SGLang's DeepSeek-V4 (and V4.1) compressor ops to flashcompress; returns the ``Handle`` that undoes it.
 
     ``fused``: run each layer's compress and store as one ``compress_and_store``.
+    ``low_ratio``: also switch the V4.1 ratio-1 / 2 ops and the index-key store
+    (``V41_TARGETS``), with the gate that makes SGLang call them on Hopper;
+    call ``apply()`` before the model is built, since the gate is read when a
+    ``DeepseekV41Compressor`` is constructed.
     ``strict``: refuse an SGLang version not in ``SUPPORTED_VERSIONS``
     (``UnsupportedVersionError``); with ``strict=False`` warn and patch.
     Raises ``IntegrationError`` if SGLang cannot be imported, lacks the ops, or
@@ -131,13 +178,16 @@ def apply(*, fused: bool = False, strict: bool = True) -> Handle:
     patched when ``apply()`` raises.
     """
     global _active
-    if not isinstance(fused, bool) or not isinstance(strict, bool):
-        raise TypeError(f"apply(fused=..., strict=...) take bools, got fused={fused!r}, strict={strict!r}")
+    if not all(isinstance(v, bool) for v in (fused, strict, low_ratio)):
+        raise TypeError(f"apply(fused=..., strict=..., low_ratio=...) take bools, got fused={fused!r}, "
+                        f"strict={strict!r}, low_ratio={low_ratio!r}")
     if _active is not None and _active.active:
         raise IntegrationError("flashcompress.integrations.sglang is already applied; revert() that handle first")
     ops = _import(OPS_MODULE)
     _check_version(strict)
     pairs = _replacements(ops, fused)
+    if low_ratio:
+        pairs.update(_v41_replacements())
     extra = [_fused_binding()] if fused else []
     _active = rebind("sglang", find_bindings("sglang", pairs) + extra)
     return _active
