@@ -4,7 +4,7 @@
 //   compress_config.cuh    Cfg: types, widths, tiling       compress_pool.cuh      pooling, row pipeline
 //   compress_epilogue.cuh  store epilogue                   compress_decode.cuh    online / whole-row decode
 //   compress_decode_c4.cuh C4 decode kernel                 compress_decode_c128.cuh  C128 decode (clusters)
-//   compress_prefill.cuh   prefill passes 1 and 2
+//   compress_prefill.cuh   prefill passes 1 and 2       compress_stream.cuh    streaming C128 pass 1 (kStream)
 //   (design notes: docs/kernel-design.md)
 //
 // Tensors (H = head dim, W = window = 8 for ratio 4 / 128 for ratio 128; all contiguous):
@@ -36,6 +36,7 @@
 #include "compress_decode_c4.cuh"
 #include "compress_launch.h"
 #include "compress_prefill.cuh"
+#include "compress_stream.cuh"
 #include "gpu_runtime.h"
 #include "launch.h"
 
@@ -80,8 +81,12 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kT
   }
   using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kPrefill>;
   constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
-  gpuError_t err = launch_kernel(prefill_kernel<C>, {row_grid<C>(a.rows, 1), C::kThreads, 0, kCluster, kPdlLaunch},
-                                 stream, a);
+  gpuError_t err;
+  if constexpr (kTiling == Tiling::kStream && kStreamable<C>) {
+    err = launch_stream_prefill<C>(a, stream);  // same bits as prefill_kernel<C>
+  } else {
+    err = launch_kernel(prefill_kernel<C>, {row_grid<C>(a.rows, 1), C::kThreads, 0, kCluster, kPdlLaunch}, stream, a);
+  }
   if (err != gpuSuccess) return err;
   if constexpr (kOnline) {
     using CW = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kOnlineWrite>;

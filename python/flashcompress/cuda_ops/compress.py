@@ -13,7 +13,10 @@ Variant parameters::
     head_dim    512 | 128 (ratio 4)     in_dtype / state_dtype / out_dtype   "f32" | "bf16"
     store       "none" (compress_forward) | "v4" | "bf16" (head 512) | "idx_fp8" | "idx_fp4" (head 128)
     tiling      "auto" (thread block clusters for C128 rows where the target has them) |
-                "whole_row" (one 512-thread block per C128 row, as on targets without clusters)
+                "whole_row" (one 512-thread block per C128 row, as on targets without clusters) |
+                "stream" (as "auto", except the regular C128 prefill compress pass: a persistent
+                grid streaming window slices into a shared-memory ring by bulk copies, sm_90;
+                ``compress_and_store`` prefill of such a layer runs it, then the store kernel)
 
 ``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword (default "auto"), so a
 test can run both tilings on one GPU.
@@ -123,7 +126,7 @@ COMPRESS = register_family(
             "state_dtype": ("f32", "bf16"),
             "out_dtype": ("f32", "bf16"),
             "store": ("none", "v4", "idx_fp8", "idx_fp4", "bf16"),
-            "tiling": ("auto", "whole_row"),
+            "tiling": ("auto", "whole_row", "stream"),
         },
         defaults={"tiling": "auto"},
         warmup=_warmup,

@@ -1,0 +1,255 @@
+// flashcompress: compress family, the streaming C128 prefill compress pass (Tiling::kStream;
+// regular C128, compress_forward only; CUDA sm_90+). Same results, bit for bit, as pass 1 of
+// compress_prefill.cuh (the kNarrow tiling): the same threads pool the same entries and
+// channels with the same instructions (fold_batch, acc_merge), in the same merge order.
+//
+// Grid: persistent, G = 8 * floor(SMs / 8) blocks (at most 8 per plan row); block b owns the
+// 64-channel slice rank = b % 8 of every row k = b / 8 + i * (G / 8). One block per SM (the ring
+// takes ~200 KB of shared memory).
+// Block: 17 warps.
+//   warp 16 (producer), one elected lane: per row, waits for a free ring stage, reads the plan
+//     row, records it in the stage's descriptor and issues 256 1-D bulk copies (cp.async.bulk):
+//     entry e's kv and score slices (64 channels: 256 B fp32 / 128 B bf16 each) from state row
+//     128 page1 + e (e < buffer_len) or input row ragged_id - 127 + e, completing on the
+//     stage's `full` mbarrier by transaction count.
+//   warps 0-15 (consumers), thread u = 32 s + v: split s (entries 8s..8s+7), channels 2v, 2v+1
+//     of the slice, as in pass 1. The 16 bias values are loaded once, into registers. Per row:
+//     wait `full`, read the 8 entries from shared memory, fold (fold_batch), release the stage
+//     (`empty`, one arrival per warp), write the partials to shared memory (double-buffered by
+//     the parity of the block's valid rows), named barrier over the 512 consumers, combine: 8 lanes per channel, each
+//     merging splits lane and lane + 8, then an xor butterfly 4, 2, 1 (pool_row's order); lane 0
+//     divides and writes out[k, channel]. Invalid rows: zeros (threads u < 64).
+// Ring: kStages stages of one row slice each, kv [128][64] then score [128][64] (entry stride
+//   kPiece = 64 x the wider of TIn / TState): fp32 3 x 64 KB, bf16 6 x 32 KB.
+// The write pass stays the separate write_kernel launch (a programmatic dependent that waits for
+// this grid), so every read of this pass precedes its state stores, as with pass 1.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "compress_config.cuh"
+#include "compress_pool.cuh"
+#include "compress_stream_ptx.cuh"
+#include "launch.h"
+#include "ptx.cuh"
+
+namespace flashcompress {
+namespace compress {
+
+// The streaming pass exists for regular C128 compress_forward where the target has clusters
+// (sm_90: bulk copies and mbarriers); C is the kNarrow pass-1 configuration whose math it runs.
+template <class C>
+inline constexpr bool kStreamable = kHasClusters && C::kRatio == 128 && !C::kOnline && !C::kDecode &&
+                                    C::kNarrow && C::kFmt == StoreFormat::kNone;
+
+template <class C>
+struct StreamCfg {
+  using TIn = typename C::TIn;
+  using TState = typename C::TState;
+  static constexpr int W = C::W;                  // 128 entries
+  static constexpr int kChans = C::kChans;        // 64 channels per slice
+  static constexpr int kSlices = C::kCSplit;      // 8 slices per row
+  static constexpr int kConsumers = C::kTeamThreads;  // 512: split s = u / 32, vector v = u % 32
+  static constexpr int kConsumerWarps = kConsumers / 32;
+  static constexpr int kThreads = kConsumers + 32;
+  static constexpr int kElem = sizeof(TIn) > sizeof(TState) ? sizeof(TIn) : sizeof(TState);
+  static constexpr int kPiece = kChans * kElem;  // bytes of one entry's kv (or score) slice
+  static constexpr int kStageBytes = 2 * W * kPiece;
+  static constexpr int kRingBytes = 192 * 1024;
+  static constexpr int kStages = kRingBytes / kStageBytes;
+  static_assert(C::kSplit == 16 && C::kPerSplit == 8 && C::kBatch == 8 && C::kVecW == 2 && C::kLanes == 8 &&
+                    kConsumerWarps == C::kSplit,
+                "the streaming pass runs pass 1's kNarrow tiling: one warp per split of 8 entries");
+  static_assert(kStages >= 2 && kPiece % 16 == 0, "ring stages");
+};
+
+// A stage's row, written by the producer before it arrives on the stage's `full` barrier.
+struct StreamRow {
+  int64_t out_row;
+  int32_t valid;
+  int32_t buf_len;
+};
+
+template <class C>
+struct StreamSmem {
+  using S = StreamCfg<C>;
+  float m[2][C::kSplit][C::kChans];  // split partials, by row parity
+  float s[2][C::kSplit][C::kChans];
+  float n[2][C::kSplit][C::kChans];
+  uint64_t full[S::kStages];   // producer arrival + the stage's bulk-copy bytes
+  uint64_t empty[S::kStages];  // one arrival per consumer warp
+  StreamRow row[S::kStages];
+};
+
+template <class C>
+inline constexpr unsigned kStreamSmemBytes = StreamCfg<C>::kRingBytes + sizeof(StreamSmem<C>);
+
+template <class C>
+__global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kernel(const CompressArgs a) {
+  using S = StreamCfg<C>;
+  using TIn = typename C::TIn;
+  using TState = typename C::TState;
+  using TOut = typename C::TOut;
+  constexpr bool kSame = std::is_same_v<TIn, TState>;
+  constexpr int B = C::kPerSplit;
+  extern __shared__ __align__(128) uint8_t stream_smem[];
+  uint8_t* ring = stream_smem;
+  auto& sm = *reinterpret_cast<StreamSmem<C>*>(stream_smem + S::kRingBytes);
+
+  const int rank = static_cast<int>(blockIdx.x % S::kSlices);
+  const int64_t groups = gridDim.x / S::kSlices;
+  const int64_t first = blockIdx.x / S::kSlices;
+  const int chan0 = rank * S::kChans;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) {
+    for (int i = 0; i < S::kStages; ++i) {
+      mbar_init(&sm.full[i], 1);
+      mbar_init(&sm.empty[i], S::kConsumerWarps);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  pdl_warm_params(warm_fold(a));
+  pdl_wait();
+  pdl_launch_dependents();  // the write pass loads its rows, then waits for this whole grid
+
+  if (tid >= S::kConsumers) {  // producer warp: one lane issues every copy
+    if (tid != S::kConsumers) return;
+    const auto* plan = reinterpret_cast<const CompressPlan*>(a.plan);
+    const auto* input = static_cast<const TIn*>(a.input);
+    const auto* state = static_cast<const TState*>(a.state);
+    int it = 0;
+    for (int64_t k = first; k < a.rows; k += groups, ++it) {
+      const int st = it % S::kStages;
+      mbar_wait(&sm.empty[st], ((it / S::kStages) & 1) ^ 1);
+      const CompressPlan p = plan[k];
+      const bool valid = p.seq_len != kInvalidU32;
+      const int buf = valid ? static_cast<int>(p.buffer_len) : 0;
+      sm.row[st] = StreamRow{k, valid ? 1 : 0, buf};
+      if (!valid) {
+        mbar_arrive(&sm.full[st]);
+        continue;
+      }
+      constexpr uint32_t kStBytes = S::kChans * sizeof(TState), kInBytes = S::kChans * sizeof(TIn);
+      mbar_arrive_expect(&sm.full[st], 2u * (buf * kStBytes + (S::W - buf) * kInBytes));
+      uint8_t* kv = ring + st * S::kStageBytes;
+      uint8_t* sc = kv + S::W * S::kPiece;
+      const TState* srow = state + static_cast<int64_t>(p.read_page_1) * S::W * C::kStateWidth + chan0;
+      for (int e = 0; e < buf; ++e, srow += C::kStateWidth) {
+        bulk_copy_g2s(kv + e * S::kPiece, srow, kStBytes, &sm.full[st]);
+        bulk_copy_g2s(sc + e * S::kPiece, srow + C::H, kStBytes, &sm.full[st]);
+      }
+      const TIn* irow = input + (static_cast<int64_t>(p.ragged_id) - (S::W - 1) + buf) * C::kInWidth + chan0;
+#pragma unroll 4
+      for (int e = buf; e < S::W; ++e, irow += C::kInWidth) {
+        bulk_copy_g2s(kv + e * S::kPiece, irow, kInBytes, &sm.full[st]);
+        bulk_copy_g2s(sc + e * S::kPiece, irow + C::H, kInBytes, &sm.full[st]);
+      }
+    }
+    return;
+  }
+
+  // Consumers.
+  const int u = tid, split = u / 32, v = u % 32;
+  const int e0 = split * B;
+  Vec<TIn, 2> bias[B];
+  const TIn* ape = static_cast<const TIn*>(a.ape) + static_cast<int64_t>(e0) * C::H + chan0 + 2 * v;
+#pragma unroll
+  for (int j = 0; j < B; ++j) bias[j] = load_vec<TIn, 2>(ape + j * C::H);
+  int it = 0, pooled = 0;  // pooled: valid rows so far (the partials' buffer parity)
+  for (int64_t k = first; k < a.rows; k += groups, ++it) {
+    const int st = it % S::kStages;
+    mbar_wait(&sm.full[st], (it / S::kStages) & 1);
+    const StreamRow r = sm.row[st];
+    if (!r.valid) {
+      __syncwarp();
+      if (v == 0) mbar_arrive(&sm.empty[st]);
+      zero_out_row<C>(a, k, u, rank);
+      continue;
+    }
+    const int par = pooled++ & 1;
+    const uint8_t* kvb = ring + st * S::kStageBytes + e0 * S::kPiece + 2 * v * S::kElem;
+    const uint8_t* scb = kvb + S::W * S::kPiece;
+    // A state entry is rounded to TIn as it is read (fold_batch's via<TIn> for a state entry, so
+    // every entry folds as an input entry: kind 1; regular C128 windows have no padding).
+    int kind[B];
+    Vec<TIn, 2> in_kv[B], in_sc[B];
+    const Vec<TState, 2> unused[B] = {};  // (fold_batch's state operands: never read)
+#pragma unroll
+    for (int j = 0; j < B; ++j) {
+      kind[j] = 1;
+      if (kSame || e0 + j >= r.buf_len) {
+        in_kv[j] = load_vec<TIn, 2>(reinterpret_cast<const TIn*>(kvb + j * S::kPiece));
+        in_sc[j] = load_vec<TIn, 2>(reinterpret_cast<const TIn*>(scb + j * S::kPiece));
+      } else {
+        const Vec<TState, 2> x = load_vec<TState, 2>(reinterpret_cast<const TState*>(kvb + j * S::kPiece));
+        const Vec<TState, 2> y = load_vec<TState, 2>(reinterpret_cast<const TState*>(scb + j * S::kPiece));
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          in_kv[j].v[i] = from_float<TIn>(to_float(x.v[i]));
+          in_sc[j].v[i] = from_float<TIn>(to_float(y.v[i]));
+        }
+      }
+    }
+    Acc acc[2];
+    fold_batch<C>(kind, in_kv, in_sc, unused, unused, bias, true, acc);
+    __syncwarp();
+    if (v == 0) mbar_arrive(&sm.empty[st]);  // the warp's reads of the stage are done
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      sm.m[par][split][2 * v + i] = acc[i].m;
+      sm.s[par][split][2 * v + i] = acc[i].s;
+      sm.n[par][split][2 * v + i] = acc[i].n;
+    }
+    named_sync<1, S::kConsumers>();
+    // pool_row's combine: kLanes = 8 threads per channel, splits lane and lane + 8, butterfly.
+    const int ch = u / C::kLanes, lane = u % C::kLanes;
+    Acc q = acc_empty();
+#pragma unroll
+    for (int sp = lane; sp < C::kSplit; sp += C::kLanes) {
+      q = acc_merge<C::kFastExp>(q, Acc{sm.m[par][sp][ch], sm.s[par][sp][ch], sm.n[par][sp][ch]});
+    }
+#pragma unroll
+    for (int mask = C::kLanes / 2; mask >= 1; mask /= 2) {
+      const Acc o{shfl_xor(q.m, mask, C::kLanes), shfl_xor(q.s, mask, C::kLanes), shfl_xor(q.n, mask, C::kLanes)};
+      q = acc_merge<C::kFastExp>(q, o);
+    }
+    if (lane == 0) static_cast<TOut*>(a.out)[r.out_row * C::H + chan0 + ch] = from_float<TOut>(q.n / q.s);
+  }
+}
+
+// Launch the streaming pass: the persistent grid, one block per SM, a multiple of 8 blocks and at
+// most 8 per row.
+template <class C>
+gpuError_t launch_stream_prefill(const CompressArgs& a, gpuStream_t stream) {
+#if FC_GPU_HIP
+  (void)a;
+  (void)stream;
+  return gpuSuccess;  // never instantiated on HIP (kStreamable)
+#else
+  using S = StreamCfg<C>;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> sms_of[kMaxDevices] = {};  // 0: not yet set up on that device
+  int dev = 0;
+  gpuError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return e;
+  int sms = dev >= 0 && dev < kMaxDevices ? sms_of[dev].load(std::memory_order_relaxed) : 0;
+  if (sms <= 0) {
+    e = cudaFuncSetAttribute(stream_prefill_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(kStreamSmemBytes<C>));
+    if (e != cudaSuccess) return e;
+    e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) return e;
+    if (dev >= 0 && dev < kMaxDevices) sms_of[dev].store(sms, std::memory_order_relaxed);
+  }
+  int64_t grid = (sms / S::kSlices) * S::kSlices;
+  if (grid < S::kSlices) grid = S::kSlices;
+  if (grid > a.rows * S::kSlices) grid = a.rows * S::kSlices;
+  return launch_kernel(stream_prefill_kernel<C>,
+                       {static_cast<unsigned>(grid), S::kThreads, kStreamSmemBytes<C>, 1, kPdlLaunch}, stream, a);
+#endif
+}
+
+}  // namespace compress
+}  // namespace flashcompress
