@@ -964,7 +964,11 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
     p.add_argument("--peer", action="store_true",
                    help="also time SGLang's kernels on the same buffers (benchmarks/_peer.py: the SGLang wheel on "
                         "PYTHONPATH or FC_PEER_SGLANG); adds clean, peer and fc/peer columns")
+    p.add_argument("--tiling", default="auto",
+                   help="comma list of compress-family tilings to time side by side (auto, whole_row, stream; "
+                        "cuda_ops.compress.set_default_tiling); rows of a tiling other than the first are marked [name]")
     args = p.parse_args(argv)
+    args.tilings = [t.strip() for t in args.tiling.split(",") if t.strip()] or ["auto"]
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA GPU (use --device cpu for the smoke run)")
     if args.reps is None:
@@ -974,6 +978,20 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
         torch.set_num_threads(1)  # a smoke run; one thread avoids oversubscription when run next to others
     args.filters = [f.strip() for f in args.cases.split(",") if f.strip()]
     return args
+
+
+def use_tiling(tiling: str, device: torch.device) -> None:
+    """Make ``tiling`` the compress family's tiling for the calls that follow (CUDA only: the
+    PyTorch backend has no tilings)."""
+    if device.type == "cuda":
+        from flashcompress.cuda_ops import compress as cuda_compress
+
+        cuda_compress.set_default_tiling(tiling)
+
+
+def tiling_label(label: str, tiling: str, tilings: Sequence[str]) -> str:
+    """``label`` for rows of ``tiling``: unchanged for the first of ``tilings``, else ``label [tiling]``."""
+    return label if tiling == tilings[0] else f"{label} [{tiling}]"
 
 
 def run_cases(cases: Sequence[CaseSpec], bench_case: Callable[[CaseSpec], None], notes: list[str],

@@ -6,12 +6,14 @@
 // Grid: persistent, G = 8 * floor(SMs / 8) blocks (at most 8 per plan row); block b owns the
 // 64-channel slice rank = b % 8 of every row k = b / 8 + i * (G / 8). One block per SM (the ring
 // takes ~200 KB of shared memory).
-// Block: 17 warps.
-//   warp 16 (producer), one elected lane: per row, waits for a free ring stage, reads the plan
-//     row, records it in the stage's descriptor and issues 256 1-D bulk copies (cp.async.bulk):
-//     entry e's kv and score slices (64 channels: 256 B fp32 / 128 B bf16 each) from state row
-//     128 page1 + e (e < buffer_len) or input row ragged_id - 127 + e, completing on the
-//     stage's `full` mbarrier by transaction count.
+// Block: 20 warps (640 threads).
+//   warps 16-19 (producers), lane 0 of each: per row, waits for a free ring stage, reads the plan
+//     row (warp 16 records it in the stage's descriptor) and issues 64 of the row's 256 1-D bulk
+//     copies (cp.async.bulk): for entries e of [32p, 32p + 32), e's kv and score slices (64
+//     channels: 256 B fp32 / 128 B bf16 each) from state row 128 page1 + e (e < buffer_len) or
+//     input row ragged_id - 127 + e, completing on the stage's `full` mbarrier (4 arrivals, each
+//     expecting its copies' bytes). Four warps: one issue stream per SM sub-partition (a copy
+//     is ~10 instructions of one lane).
 //   warps 0-15 (consumers), thread u = 32 s + v: split s (entries 8s..8s+7), channels 2v, 2v+1
 //     of the slice, as in pass 1. The 16 bias values are loaded once, into registers. Per row:
 //     wait `full`, read the 8 entries from shared memory, fold (fold_batch), release the stage
@@ -52,7 +54,9 @@ struct StreamCfg {
   static constexpr int kSlices = C::kCSplit;      // 8 slices per row
   static constexpr int kConsumers = C::kTeamThreads;  // 512: split s = u / 32, vector v = u % 32
   static constexpr int kConsumerWarps = kConsumers / 32;
-  static constexpr int kThreads = kConsumers + 32;
+  static constexpr int kProducerWarps = 4;  // one per SM sub-partition: 4 issue streams of copies
+  static constexpr int kProducerEntries = W / kProducerWarps;
+  static constexpr int kThreads = kConsumers + 32 * kProducerWarps;
   static constexpr int kElem = sizeof(TIn) > sizeof(TState) ? sizeof(TIn) : sizeof(TState);
   static constexpr int kPiece = kChans * kElem;  // bytes of one entry's kv (or score) slice
   static constexpr int kStageBytes = 2 * W * kPiece;
@@ -77,7 +81,7 @@ struct StreamSmem {
   float m[2][C::kSplit][C::kChans];  // split partials, by row parity
   float s[2][C::kSplit][C::kChans];
   float n[2][C::kSplit][C::kChans];
-  uint64_t full[S::kStages];   // producer arrival + the stage's bulk-copy bytes
+  uint64_t full[S::kStages];   // the producer warps' arrivals + the stage's bulk-copy bytes
   uint64_t empty[S::kStages];  // one arrival per consumer warp
   StreamRow row[S::kStages];
 };
@@ -104,7 +108,7 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
     for (int i = 0; i < S::kStages; ++i) {
-      mbar_init(&sm.full[i], 1);
+      mbar_init(&sm.full[i], S::kProducerWarps);
       mbar_init(&sm.empty[i], S::kConsumerWarps);
     }
     mbar_init_fence();
@@ -114,8 +118,10 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
   pdl_wait();
   pdl_launch_dependents();  // the write pass loads its rows, then waits for this whole grid
 
-  if (tid >= S::kConsumers) {  // producer warp: one lane issues every copy
-    if (tid != S::kConsumers) return;
+  if (tid >= S::kConsumers) {  // producer warp p: its lane 0 issues the copies of entries [32p, 32p + 32)
+    if (tid % 32 != 0) return;
+    const int pw = (tid - S::kConsumers) / 32;
+    const int e_lo = pw * S::kProducerEntries, e_hi = e_lo + S::kProducerEntries;
     const auto* plan = reinterpret_cast<const CompressPlan*>(a.plan);
     const auto* input = static_cast<const TIn*>(a.input);
     const auto* state = static_cast<const TState*>(a.state);
@@ -126,23 +132,25 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
       const CompressPlan p = plan[k];
       const bool valid = p.seq_len != kInvalidU32;
       const int buf = valid ? static_cast<int>(p.buffer_len) : 0;
-      sm.row[st] = StreamRow{k, valid ? 1 : 0, buf};
+      if (pw == 0) sm.row[st] = StreamRow{k, valid ? 1 : 0, buf};
       if (!valid) {
         mbar_arrive(&sm.full[st]);
         continue;
       }
+      // This warp's entries: [e_lo, s_hi) from the state, [s_hi, e_hi) from the input.
+      const int s_hi = buf < e_lo ? e_lo : (buf > e_hi ? e_hi : buf);
       constexpr uint32_t kStBytes = S::kChans * sizeof(TState), kInBytes = S::kChans * sizeof(TIn);
-      mbar_arrive_expect(&sm.full[st], 2u * (buf * kStBytes + (S::W - buf) * kInBytes));
+      mbar_arrive_expect(&sm.full[st], 2u * ((s_hi - e_lo) * kStBytes + (e_hi - s_hi) * kInBytes));
       uint8_t* kv = ring + st * S::kStageBytes;
       uint8_t* sc = kv + S::W * S::kPiece;
-      const TState* srow = state + static_cast<int64_t>(p.read_page_1) * S::W * C::kStateWidth + chan0;
-      for (int e = 0; e < buf; ++e, srow += C::kStateWidth) {
+      const TState* srow = state + (static_cast<int64_t>(p.read_page_1) * S::W + e_lo) * C::kStateWidth + chan0;
+      for (int e = e_lo; e < s_hi; ++e, srow += C::kStateWidth) {
         bulk_copy_g2s(kv + e * S::kPiece, srow, kStBytes, &sm.full[st]);
         bulk_copy_g2s(sc + e * S::kPiece, srow + C::H, kStBytes, &sm.full[st]);
       }
-      const TIn* irow = input + (static_cast<int64_t>(p.ragged_id) - (S::W - 1) + buf) * C::kInWidth + chan0;
+      const TIn* irow = input + (static_cast<int64_t>(p.ragged_id) - (S::W - 1) + s_hi) * C::kInWidth + chan0;
 #pragma unroll 4
-      for (int e = buf; e < S::W; ++e, irow += C::kInWidth) {
+      for (int e = s_hi; e < e_hi; ++e, irow += C::kInWidth) {
         bulk_copy_g2s(kv + e * S::kPiece, irow, kInBytes, &sm.full[st]);
         bulk_copy_g2s(sc + e * S::kPiece, irow + C::H, kInBytes, &sm.full[st]);
       }

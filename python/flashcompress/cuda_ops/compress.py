@@ -18,8 +18,10 @@ Variant parameters::
                 grid streaming window slices into a shared-memory ring by bulk copies, sm_90;
                 ``compress_and_store`` prefill of such a layer runs it, then the store kernel)
 
-``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword (default "auto"), so a
-test can run both tilings on one GPU.
+``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword, so a test can run
+every tiling on one GPU; without it (the API's calls) they use ``default_tiling()``: "auto", or
+the environment's ``FLASHCOMPRESS_TILING``, or what ``set_default_tiling`` last set (the
+benchmarks' ``--tiling``).
 
 A store variant rounds each compressed row to the input dtype (``out_dtype ==
 in_dtype``, the dtype of the two-step path's intermediate) before the store.
@@ -35,6 +37,7 @@ paragraph says so.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
 import torch
@@ -44,7 +47,7 @@ from ..jit.models import model_config
 from ..validation import CompressCall
 from .store import freq_table
 
-__all__ = ["COMPRESS", "compress_and_store", "compress_forward"]
+__all__ = ["COMPRESS", "compress_and_store", "compress_forward", "default_tiling", "set_default_tiling"]
 
 _DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -138,6 +141,25 @@ COMPRESS = register_family(
 
 _MODULES: dict[tuple[Any, ...], Any] = module_memo()
 
+_TILINGS = ("auto", "whole_row", "stream")
+_default_tiling = os.environ.get("FLASHCOMPRESS_TILING", "auto") or "auto"
+if _default_tiling not in _TILINGS:
+    raise ValueError(f"FLASHCOMPRESS_TILING={_default_tiling!r}: expected one of {', '.join(_TILINGS)}")
+
+
+def default_tiling() -> str:
+    """The tiling of calls that pass none (``FLASHCOMPRESS_TILING``, default "auto")."""
+    return _default_tiling
+
+
+def set_default_tiling(tiling: str) -> str:
+    """Make ``tiling`` the tiling of calls that pass none; returns the previous one."""
+    global _default_tiling
+    if tiling not in _TILINGS:
+        raise ValueError(f"tiling {tiling!r}: expected one of {', '.join(_TILINGS)}")
+    prev, _default_tiling = _default_tiling, tiling
+    return prev
+
 
 def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: torch.dtype,
             out: torch.dtype, store: str, tiling: str) -> Any:
@@ -154,10 +176,12 @@ def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: to
     return module
 
 
-def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str = "auto") -> None:
+def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str | None = None) -> None:
     """Pool windows into ``out`` and update the state pool (decode: ``call.plan_w`` is None).
 
     The binding takes the pool as passed (flat or paged view: no view made here)."""
+    if tiling is None:
+        tiling = _default_tiling
     layer, pool, inp, ape, plan_rows, plan_w = call.layer, call.pool, call.inp, call.ape, call.plan_rows, call.plan_w
     in_dtype = inp.dtype
     if ape.dtype is not in_dtype:
@@ -172,10 +196,17 @@ def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str = "auto"
         module.compress(pool, inp, ape, plan_rows, plan_w, out, False)
 
 
-def compress_and_store(call: CompressCall, tiling: str = "auto") -> None:
+def compress_and_store(call: CompressCall, tiling: str | None = None) -> None:
     """Pool windows, update the state pool and store each compressed row into ``kvcache``: the
     compress kernel with the store epilogue (decode: one launch; prefill: the pooling pass, which
-    stores, then the state write pass)."""
+    stores, then the state write pass). Tiling "stream", regular C128 prefill: the streaming
+    compress pass into a scratch buffer, the write pass, then the store kernel (the two-step
+    path's launches and bytes)."""
+    if tiling is None:
+        tiling = _default_tiling
+    if tiling == "stream" and call.plan_w is not None and call.layer.ratio == 128 and not call.layer.online:
+        _stream_then_store(call)
+        return
     layer, pool, inp, ape, plan_rows, plan_w, st = (call.layer, call.pool, call.inp, call.ape, call.plan_rows,
                                                     call.plan_w, call.store)
     in_dtype = inp.dtype
@@ -193,3 +224,14 @@ def compress_and_store(call: CompressCall, tiling: str = "auto") -> None:
     is_decode = plan_w is None
     module.compress_store(pool, inp, ape, plan_rows, plan_rows if is_decode else plan_w, norm_weight,
                           freq_table(st.freq_cis), st.out_loc, st.kvcache, st.norm_eps, st.page_size, is_decode)
+
+
+def _stream_then_store(call: CompressCall) -> None:
+    """``compress_and_store`` of a regular C128 prefill under tiling "stream": ``compress_forward``
+    into rows of the input dtype, then ``compress_norm_rope_store`` (three launches)."""
+    from ..validation import StoreCall
+    from .store import compress_norm_rope_store
+
+    kv = torch.empty((call.plan_rows.shape[0], call.layer.head_dim), dtype=call.inp.dtype, device=call.inp.device)
+    compress_forward(call, kv, tiling="stream")
+    compress_norm_rope_store(StoreCall(kv, call.plan_rows, False, call.layer.ratio, call.store, call.device))
