@@ -177,8 +177,11 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
       continue;
     }
     const int par = pooled++ & 1;
-    const uint8_t* kvb = ring + st * S::kStageBytes + e0 * S::kPiece + 2 * v * S::kElem;
+    // Entry e0 + j of this thread's split: its kv slice at kvb + j kPiece, score W kPiece further;
+    // channel 2v at 2v elements of the entry's own type.
+    const uint8_t* kvb = ring + st * S::kStageBytes + e0 * S::kPiece;
     const uint8_t* scb = kvb + S::W * S::kPiece;
+    constexpr int kInOff = 2 * sizeof(TIn), kStOff = 2 * sizeof(TState);
     // A state entry is rounded to TIn as it is read (fold_batch's via<TIn> for a state entry, so
     // every entry folds as an input entry: kind 1; regular C128 windows have no padding).
     int kind[B];
@@ -188,11 +191,11 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
     for (int j = 0; j < B; ++j) {
       kind[j] = 1;
       if (kSame || e0 + j >= r.buf_len) {
-        in_kv[j] = load_vec<TIn, 2>(reinterpret_cast<const TIn*>(kvb + j * S::kPiece));
-        in_sc[j] = load_vec<TIn, 2>(reinterpret_cast<const TIn*>(scb + j * S::kPiece));
+        in_kv[j] = load_vec<TIn, 2>(reinterpret_cast<const TIn*>(kvb + j * S::kPiece + v * kInOff));
+        in_sc[j] = load_vec<TIn, 2>(reinterpret_cast<const TIn*>(scb + j * S::kPiece + v * kInOff));
       } else {
-        const Vec<TState, 2> x = load_vec<TState, 2>(reinterpret_cast<const TState*>(kvb + j * S::kPiece));
-        const Vec<TState, 2> y = load_vec<TState, 2>(reinterpret_cast<const TState*>(scb + j * S::kPiece));
+        const Vec<TState, 2> x = load_vec<TState, 2>(reinterpret_cast<const TState*>(kvb + j * S::kPiece + v * kStOff));
+        const Vec<TState, 2> y = load_vec<TState, 2>(reinterpret_cast<const TState*>(scb + j * S::kPiece + v * kStOff));
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           in_kv[j].v[i] = from_float<TIn>(to_float(x.v[i]));
