@@ -6,14 +6,13 @@
 // Grid: persistent, G = 8 * floor(SMs / 8) blocks (at most 8 per plan row); block b owns the
 // 64-channel slice rank = b % 8 of every row k = b / 8 + i * (G / 8). One block per SM (the ring
 // takes ~200 KB of shared memory).
-// Block: 20 warps (640 threads).
-//   warps 16-19 (producers), lane 0 of each: per row, waits for a free ring stage, reads the plan
-//     row (warp 16 records it in the stage's descriptor) and issues 64 of the row's 256 1-D bulk
-//     copies (cp.async.bulk): for entries e of [32p, 32p + 32), e's kv and score slices (64
-//     channels: 256 B fp32 / 128 B bf16 each) from state row 128 page1 + e (e < buffer_len) or
-//     input row ragged_id - 127 + e, completing on the stage's `full` mbarrier (4 arrivals, each
-//     expecting its copies' bytes). Four warps: one issue stream per SM sub-partition (a copy
-//     is ~10 instructions of one lane).
+// Block: 16 consumer warps + P = 4 (fp32 input) / 8 (bf16) producer warps: 640 / 768 threads.
+//   producer warp p (warps 16..16+P-1), lane 0: per row, waits for a free ring stage, reads the
+//     plan row (p = 0 records it in the stage's descriptor) and issues 256 / P of the row's 256
+//     1-D bulk copies (cp.async.bulk): for entries e of [128p/P, 128(p+1)/P), e's kv and score
+//     slices (64 channels: 256 B fp32 / 128 B bf16 each) from state row 128 page1 + e
+//     (e < buffer_len) or input row ragged_id - 127 + e, completing on the stage's `full`
+//     mbarrier (P arrivals, each expecting its copies' bytes).
 //   warps 0-15 (consumers), thread u = 32 s + v: split s (entries 8s..8s+7), channels 2v, 2v+1
 //     of the slice, as in pass 1. The 16 bias values are loaded once, into registers. Per row:
 //     wait `full`, read the 8 entries from shared memory, fold (fold_batch), release the stage
@@ -54,7 +53,10 @@ struct StreamCfg {
   static constexpr int kSlices = C::kCSplit;      // 8 slices per row
   static constexpr int kConsumers = C::kTeamThreads;  // 512: split s = u / 32, vector v = u % 32
   static constexpr int kConsumerWarps = kConsumers / 32;
-  static constexpr int kProducerWarps = 4;  // one per SM sub-partition: 4 issue streams of copies
+  // Issue streams of copies (a copy is ~14 instructions of one lane, ~30 cycles): 4, one per SM
+  // sub-partition, for fp32 input (256-byte copies); 8 for bf16 (128-byte copies, twice as many
+  // per byte).
+  static constexpr int kProducerWarps = sizeof(TIn) == 2 ? 8 : 4;
   static constexpr int kProducerEntries = W / kProducerWarps;
   static constexpr int kThreads = kConsumers + 32 * kProducerWarps;
   static constexpr int kElem = sizeof(TIn) > sizeof(TState) ? sizeof(TIn) : sizeof(TState);
@@ -118,7 +120,7 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
   pdl_wait();
   pdl_launch_dependents();  // the write pass loads its rows, then waits for this whole grid
 
-  if (tid >= S::kConsumers) {  // producer warp p: its lane 0 issues the copies of entries [32p, 32p + 32)
+  if (tid >= S::kConsumers) {  // producer warp pw: its lane 0 issues the copies of its entries
     if (tid % 32 != 0) return;
     const int pw = (tid - S::kConsumers) / 32;
     const int e_lo = pw * S::kProducerEntries, e_hi = e_lo + S::kProducerEntries;
@@ -171,7 +173,7 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
     mbar_wait(&sm.full[st], (it / S::kStages) & 1);
     const StreamRow r = sm.row[st];
     if (!r.valid) {
-      __syncwarp();
+      lane32_sync();
       if (v == 0) mbar_arrive(&sm.empty[st]);
       zero_out_row<C>(a, k, u, rank);
       continue;
@@ -205,7 +207,7 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
     }
     Acc acc[2];
     fold_batch<C>(kind, in_kv, in_sc, unused, unused, bias, true, acc);
-    __syncwarp();
+    lane32_sync();
     if (v == 0) mbar_arrive(&sm.empty[st]);  // the warp's reads of the stage are done
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
