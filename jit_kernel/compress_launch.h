@@ -23,8 +23,8 @@ enum class DType : int { kF32 = 0, kBF16 = 1 };
 
 // How a C128 row is split over blocks: kAuto uses thread block clusters where the target has
 // them (sm_90+: 8 / 4 blocks per row), kWholeRow pools every row in one 512-thread block (what
-// targets without clusters always do). kStream: as kAuto, except that the regular C128 prefill
-// compress pass of compress_forward is the persistent streaming kernel (compress_stream.cuh,
+// targets without clusters always do). kStream: as kAuto, except that the C128 and online C128
+// prefill compress pass of compress_forward is the persistent streaming kernel (compress_stream.cuh,
 // CUDA sm_90+; the same bits).
 enum class Tiling : int { kAuto = 0, kWholeRow = 1, kStream = 2 };
 

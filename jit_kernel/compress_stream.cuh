@@ -1,29 +1,31 @@
 // flashcompress: compress family, the streaming C128 prefill compress pass (Tiling::kStream;
-// regular C128, compress_forward only; CUDA sm_90+). Same results, bit for bit, as pass 1 of
-// compress_prefill.cuh (the kNarrow tiling): the same threads pool the same entries and
-// channels with the same instructions (fold_batch, acc_merge), in the same merge order.
+// C128 and online C128 compress_forward; CUDA sm_90+). Same results, bit for bit, as pass 1 of
+// compress_prefill.cuh: per channel, the same 16 splits of 8 entries folded with the same
+// instructions (fold_batch in batches of C::kBatch: 8 regular, 2 online; acc_merge), merged in
+// pool_row's order, finished by finish_channels (online: with the prior state).
 //
 // Grid: persistent, G = 8 * floor(SMs / 8) blocks (at most 8 per plan row); block b owns the
 // 64-channel slice rank = b % 8 of every row k = b / 8 + i * (G / 8). One block per SM (the ring
 // takes ~200 KB of shared memory).
 // Block: 16 consumer warps + P = 4 (fp32 input) / 8 (bf16) producer warps: 640 / 768 threads.
 //   producer warp p (warps 16..16+P-1), lane 0: per row, waits for a free ring stage, reads the
-//     plan row (p = 0 records it in the stage's descriptor) and issues 256 / P of the row's 256
-//     1-D bulk copies (cp.async.bulk): for entries e of [128p/P, 128(p+1)/P), e's kv and score
-//     slices (64 channels: 256 B fp32 / 128 B bf16 each) from state row 128 page1 + e
-//     (e < buffer_len) or input row ragged_id - 127 + e, completing on the stage's `full`
+//     plan row (p = 0 records the resolved window in the stage's descriptor) and issues the
+//     1-D bulk copies (cp.async.bulk) of the live entries e of [128p/P, 128(p+1)/P): e's kv and
+//     score slices (64 channels: 256 B fp32 / 128 B bf16 each) from state row 128 page1 + e
+//     (regular, e < buffer_len) or input row q_first + e, completing on the stage's `full`
 //     mbarrier (P arrivals, each expecting its copies' bytes).
 //   warps 0-15 (consumers), thread u = 32 s + v: split s (entries 8s..8s+7), channels 2v, 2v+1
-//     of the slice, as in pass 1. The 16 bias values are loaded once, into registers. Per row:
-//     wait `full`, read the 8 entries from shared memory, fold (fold_batch), release the stage
-//     (`empty`, one arrival per warp), write the partials to shared memory (double-buffered by
-//     the parity of the block's valid rows), named barrier over the 512 consumers, combine: 8 lanes per channel, each
-//     merging splits lane and lane + 8, then an xor butterfly 4, 2, 1 (pool_row's order); lane 0
-//     divides and writes out[k, channel]. Invalid rows: zeros (threads u < 64).
+//     of the slice. The 16 bias values are loaded once, into registers. Per row: wait `full`,
+//     read the live entries from shared memory, fold, release the stage (`empty`, one arrival
+//     per warp), write the partials to shared memory (double-buffered by the parity of the
+//     block's valid rows), named barrier over the 512 consumers, combine: kLanes (8 / online 4)
+//     threads per channel, each merging splits lane, lane + kLanes, ..., then an xor butterfly;
+//     lane 0 finishes the channel into out[k, channel]. Invalid rows: zeros (threads u < 64).
 // Ring: kStages stages of one row slice each, kv [128][64] then score [128][64] (entry stride
 //   kPiece = 64 x the wider of TIn / TState): fp32 3 x 64 KB, bf16 6 x 32 KB.
-// The write pass stays the separate write_kernel launch (a programmatic dependent that waits for
-// this grid), so every read of this pass precedes its state stores, as with pass 1.
+// The write pass stays the separate launch (write_kernel; online: the write list), a
+// programmatic dependent that waits for this grid, so every read of this pass precedes its
+// state stores, as with pass 1.
 #pragma once
 
 #include <cstdint>
@@ -38,19 +40,32 @@
 namespace flashcompress {
 namespace compress {
 
-// The streaming pass exists for regular C128 compress_forward where the target has clusters
-// (sm_90: bulk copies and mbarriers); C is the kNarrow pass-1 configuration whose math it runs.
+// The streaming pass exists for C128 compress_forward (regular and online) where the target has
+// clusters (sm_90: bulk copies and mbarriers); C is the pass-1 configuration whose math it runs
+// (regular: the kNarrow tiling, one batch of 8 entries per split; online: batches of 2).
 template <class C>
-inline constexpr bool kStreamable = kHasClusters && C::kRatio == 128 && !C::kOnline && !C::kDecode &&
-                                    C::kNarrow && C::kFmt == StoreFormat::kNone;
+inline constexpr bool kStreamable = kHasClusters && C::kRatio == 128 && !C::kDecode && C::kPass == Pass::kPrefill &&
+                                    C::kFmt == StoreFormat::kNone && (C::kNarrow || C::kOnline);
+
+// What fold_batch reads of a configuration, for two channels per thread.
+template <class C>
+struct PairCfg {
+  using TIn = typename C::TIn;
+  using TState = typename C::TState;
+  static constexpr int kVecW = 2;
+  static constexpr bool kFastExp = C::kFastExp;
+};
 
 template <class C>
 struct StreamCfg {
   using TIn = typename C::TIn;
   using TState = typename C::TState;
   static constexpr int W = C::W;                  // 128 entries
-  static constexpr int kChans = C::kChans;        // 64 channels per slice
-  static constexpr int kSlices = C::kCSplit;      // 8 slices per row
+  static constexpr int kChans = 64;               // channels per slice (a block's share of a row)
+  static constexpr int kSlices = C::H / kChans;   // 8 slices per row
+  static constexpr int kBatch = C::kBatch;        // entries folded at once: 8 regular, 2 online
+  static constexpr int kLanes = C::kLanes;        // combine lanes per channel: 8 regular, 4 online
+  static constexpr int kCombiners = kChans * kLanes;
   static constexpr int kConsumers = C::kTeamThreads;  // 512: split s = u / 32, vector v = u % 32
   static constexpr int kConsumerWarps = kConsumers / 32;
   // Issue streams of copies (a copy is ~14 instructions of one lane, ~30 cycles): 4, one per SM
@@ -64,25 +79,27 @@ struct StreamCfg {
   static constexpr int kStageBytes = 2 * W * kPiece;
   static constexpr int kRingBytes = 192 * 1024;
   static constexpr int kStages = kRingBytes / kStageBytes;
-  static_assert(C::kSplit == 16 && C::kPerSplit == 8 && C::kBatch == 8 && C::kVecW == 2 && C::kLanes == 8 &&
-                    kConsumerWarps == C::kSplit,
-                "the streaming pass runs pass 1's kNarrow tiling: one warp per split of 8 entries");
+  static_assert(C::kSplit == 16 && C::kPerSplit == 8 && kConsumerWarps == C::kSplit && C::kTeamThreads == 512 &&
+                    C::kPerSplit % kBatch == 0 && kCombiners <= kConsumers && kCombiners % 32 == 0,
+                "the streaming pass runs pass 1's splits: one warp per split of 8 entries");
   static_assert(kStages >= 2 && kPiece % 16 == 0, "ring stages");
 };
 
 // A stage's row, written by the producer before it arrives on the stage's `full` barrier.
 struct StreamRow {
   int64_t out_row;
+  int64_t merge_slot;  // online: the prior state's slot (-1: none)
   int32_t valid;
-  int32_t buf_len;
+  int32_t lo, hi;      // live entries [lo, hi) (regular: [0, 128); online: the segment)
+  int32_t buf_len;     // regular: entries [0, buf_len) come from the state
 };
 
 template <class C>
 struct StreamSmem {
   using S = StreamCfg<C>;
-  float m[2][C::kSplit][C::kChans];  // split partials, by row parity
-  float s[2][C::kSplit][C::kChans];
-  float n[2][C::kSplit][C::kChans];
+  float m[2][C::kSplit][S::kChans];  // split partials, by the parity of the block's valid rows
+  float s[2][C::kSplit][S::kChans];
+  float n[2][C::kSplit][S::kChans];
   uint64_t full[S::kStages];   // the producer warps' arrivals + the stage's bulk-copy bytes
   uint64_t empty[S::kStages];  // one arrival per consumer warp
   StreamRow row[S::kStages];
@@ -133,26 +150,44 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
       mbar_wait(&sm.empty[st], ((it / S::kStages) & 1) ^ 1);
       const CompressPlan p = plan[k];
       const bool valid = p.seq_len != kInvalidU32;
-      const int buf = valid ? static_cast<int>(p.buffer_len) : 0;
-      if (pw == 0) sm.row[st] = StreamRow{k, valid ? 1 : 0, buf};
+      // The window as pass 1 resolves it (compress_prefill.cuh): entry e reads input row
+      // q_first + e, or (regular, e < buf_len) state row 128 page1 + e.
+      StreamRow row{k, -1, valid ? 1 : 0, 0, S::W, 0};
+      int64_t q_first = static_cast<int64_t>(p.ragged_id) - (S::W - 1);
+      if (valid) {
+        if constexpr (C::kOnline) {
+          const int end = static_cast<int>((p.seq_len - 1u) % 128u) + 1;
+          const int off = end - static_cast<int>(p.buffer_len);
+          const int64_t slot = p.read_page_1 >= 0 ? p.read_page_1 : p.read_page_0;
+          row.lo = off;
+          row.hi = end;
+          row.merge_slot = (off != 0 && slot >= 0) ? slot : -1;
+          q_first = static_cast<int64_t>(p.ragged_id) - end + 1;
+        } else {
+          row.buf_len = p.buffer_len;
+        }
+      }
+      if (pw == 0) sm.row[st] = row;
       if (!valid) {
         mbar_arrive(&sm.full[st]);
         continue;
       }
-      // This warp's entries: [e_lo, s_hi) from the state, [s_hi, e_hi) from the input.
-      const int s_hi = buf < e_lo ? e_lo : (buf > e_hi ? e_hi : buf);
+      // This warp's live entries [a_lo, a_hi): [a_lo, s_hi) from the state, [s_hi, a_hi) from the input.
+      const int a_lo = max(e_lo, row.lo);
+      const int a_hi = max(a_lo, min(e_hi, row.hi));
+      const int s_hi = min(max(row.buf_len, a_lo), a_hi);
       constexpr uint32_t kStBytes = S::kChans * sizeof(TState), kInBytes = S::kChans * sizeof(TIn);
-      mbar_arrive_expect(&sm.full[st], 2u * ((s_hi - e_lo) * kStBytes + (e_hi - s_hi) * kInBytes));
+      mbar_arrive_expect(&sm.full[st], 2u * ((s_hi - a_lo) * kStBytes + (a_hi - s_hi) * kInBytes));
       uint8_t* kv = ring + st * S::kStageBytes;
       uint8_t* sc = kv + S::W * S::kPiece;
-      const TState* srow = state + (static_cast<int64_t>(p.read_page_1) * S::W + e_lo) * C::kStateWidth + chan0;
-      for (int e = e_lo; e < s_hi; ++e, srow += C::kStateWidth) {
+      const TState* srow = state + (static_cast<int64_t>(p.read_page_1) * S::W + a_lo) * C::kStateWidth + chan0;
+      for (int e = a_lo; e < s_hi; ++e, srow += C::kStateWidth) {
         bulk_copy_g2s(kv + e * S::kPiece, srow, kStBytes, &sm.full[st]);
         bulk_copy_g2s(sc + e * S::kPiece, srow + C::H, kStBytes, &sm.full[st]);
       }
-      const TIn* irow = input + (static_cast<int64_t>(p.ragged_id) - (S::W - 1) + s_hi) * C::kInWidth + chan0;
+      const TIn* irow = input + (q_first + s_hi) * C::kInWidth + chan0;
 #pragma unroll 4
-      for (int e = s_hi; e < e_hi; ++e, irow += C::kInWidth) {
+      for (int e = s_hi; e < a_hi; ++e, irow += C::kInWidth) {
         bulk_copy_g2s(kv + e * S::kPiece, irow, kInBytes, &sm.full[st]);
         bulk_copy_g2s(sc + e * S::kPiece, irow + C::H, kInBytes, &sm.full[st]);
       }
@@ -172,10 +207,10 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
     const int st = it % S::kStages;
     mbar_wait(&sm.full[st], (it / S::kStages) & 1);
     const StreamRow r = sm.row[st];
-    if (!r.valid) {
+    if (!r.valid) {  // zeros (kNone rows that close no window)
       lane32_sync();
       if (v == 0) mbar_arrive(&sm.empty[st]);
-      zero_out_row<C>(a, k, u, rank);
+      if (u < S::kChans) static_cast<TOut*>(a.out)[k * C::H + chan0 + u] = from_float<TOut>(0.f);
       continue;
     }
     const int par = pooled++ & 1;
@@ -184,29 +219,38 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
     const uint8_t* kvb = ring + st * S::kStageBytes + e0 * S::kPiece;
     const uint8_t* scb = kvb + S::W * S::kPiece;
     constexpr int kInOff = 2 * sizeof(TIn), kStOff = 2 * sizeof(TState);
-    // A state entry is rounded to TIn as it is read (fold_batch's via<TIn> for a state entry, so
-    // every entry folds as an input entry: kind 1; regular C128 windows have no padding).
-    int kind[B];
-    Vec<TIn, 2> in_kv[B], in_sc[B];
-    const Vec<TState, 2> unused[B] = {};  // (fold_batch's state operands: never read)
+    constexpr int NB = S::kBatch;
+    // pool_entries' batches: the first replaces the empty running state, the others merge into
+    // it. A state entry is rounded to TIn as it is read (fold_batch's via<TIn> for a state
+    // entry), so it folds as an input entry (kind 1); kind 0: padding (online segments).
+    Acc acc[2];
 #pragma unroll
-    for (int j = 0; j < B; ++j) {
-      kind[j] = 1;
-      if (kSame || e0 + j >= r.buf_len) {
-        in_kv[j] = load_vec<TIn, 2>(reinterpret_cast<const TIn*>(kvb + j * S::kPiece + v * kInOff));
-        in_sc[j] = load_vec<TIn, 2>(reinterpret_cast<const TIn*>(scb + j * S::kPiece + v * kInOff));
-      } else {
-        const Vec<TState, 2> x = load_vec<TState, 2>(reinterpret_cast<const TState*>(kvb + j * S::kPiece + v * kStOff));
-        const Vec<TState, 2> y = load_vec<TState, 2>(reinterpret_cast<const TState*>(scb + j * S::kPiece + v * kStOff));
+    for (int b0 = 0; b0 < B; b0 += NB) {
+      int kind[NB];
+      Vec<TIn, 2> in_kv[NB] = {}, in_sc[NB] = {}, bias_b[NB];
+      const Vec<TState, 2> unused[NB] = {};  // (fold_batch's state operands: never read)
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          in_kv[j].v[i] = from_float<TIn>(to_float(x.v[i]));
-          in_sc[j].v[i] = from_float<TIn>(to_float(y.v[i]));
+      for (int t = 0; t < NB; ++t) {
+        const int j = b0 + t, e = e0 + j;
+        const bool live = !C::kOnline || (e >= r.lo && e < r.hi);
+        kind[t] = live ? 1 : 0;
+        bias_b[t] = bias[j];
+        if (!live) continue;
+        if (kSame || e >= r.buf_len) {
+          in_kv[t] = load_vec<TIn, 2>(reinterpret_cast<const TIn*>(kvb + j * S::kPiece + v * kInOff));
+          in_sc[t] = load_vec<TIn, 2>(reinterpret_cast<const TIn*>(scb + j * S::kPiece + v * kInOff));
+        } else {
+          const Vec<TState, 2> x = load_vec<TState, 2>(reinterpret_cast<const TState*>(kvb + j * S::kPiece + v * kStOff));
+          const Vec<TState, 2> y = load_vec<TState, 2>(reinterpret_cast<const TState*>(scb + j * S::kPiece + v * kStOff));
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            in_kv[t].v[i] = from_float<TIn>(to_float(x.v[i]));
+            in_sc[t].v[i] = from_float<TIn>(to_float(y.v[i]));
+          }
         }
       }
+      fold_batch<PairCfg<C>>(kind, in_kv, in_sc, unused, unused, bias_b, b0 == 0, acc);
     }
-    Acc acc[2];
-    fold_batch<C>(kind, in_kv, in_sc, unused, unused, bias, true, acc);
     lane32_sync();
     if (v == 0) mbar_arrive(&sm.empty[st]);  // the warp's reads of the stage are done
 #pragma unroll
@@ -216,19 +260,32 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
       sm.n[par][split][2 * v + i] = acc[i].n;
     }
     named_sync<1, S::kConsumers>();
-    // pool_row's combine: kLanes = 8 threads per channel, splits lane and lane + 8, butterfly.
-    const int ch = u / C::kLanes, lane = u % C::kLanes;
-    Acc q = acc_empty();
+    // pool_row's combine: kLanes threads per channel, each merging splits lane, lane + kLanes,
+    // ..., then an xor butterfly; lane 0 finishes the channel (online: with its prior).
+    constexpr int L = S::kLanes;
+    if (u < S::kCombiners) {  // whole warps
+      const int ch = u / L, lane = u % L;
+      Acc q = acc_empty();
 #pragma unroll
-    for (int sp = lane; sp < C::kSplit; sp += C::kLanes) {
-      q = acc_merge<C::kFastExp>(q, Acc{sm.m[par][sp][ch], sm.s[par][sp][ch], sm.n[par][sp][ch]});
-    }
+      for (int sp = lane; sp < C::kSplit; sp += L) {
+        q = acc_merge<C::kFastExp>(q, Acc{sm.m[par][sp][ch], sm.s[par][sp][ch], sm.n[par][sp][ch]});
+      }
 #pragma unroll
-    for (int mask = C::kLanes / 2; mask >= 1; mask /= 2) {
-      const Acc o{shfl_xor(q.m, mask, C::kLanes), shfl_xor(q.s, mask, C::kLanes), shfl_xor(q.n, mask, C::kLanes)};
-      q = acc_merge<C::kFastExp>(q, o);
+      for (int mask = L / 2; mask >= 1; mask /= 2) {
+        const Acc o{shfl_xor(q.m, mask, L), shfl_xor(q.s, mask, L), shfl_xor(q.n, mask, L)};
+        q = acc_merge<C::kFastExp>(q, o);
+      }
+      if (lane == 0) {
+        RowTarget t{};
+        t.emit = true;
+        t.out_row = r.out_row;
+        t.merge_slot = r.merge_slot;
+        t.state_slot = -1;
+        const Acc fin[1] = {q};
+        const Prior<1> prior = load_prior<C, 1>(t, a, chan0 + ch);
+        finish_channels<C, 1>(t, a, nullptr, chan0 + ch, fin, prior);
+      }
     }
-    if (lane == 0) static_cast<TOut*>(a.out)[r.out_row * C::H + chan0 + ch] = from_float<TOut>(q.n / q.s);
   }
 }
 

@@ -77,6 +77,29 @@ def torch_backend() -> Iterator[None]:
         dispatch.ops_backend = saved
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_hang() -> None:
+    """One small stream call first, watched: a pipeline that never completes (an mbarrier phase
+    never reached) would hold the GPU until the run's time limit, so end the process instead."""
+    import os
+    import sys
+    import time
+
+    seqs, exts = CASES["mixed"]
+    state, x, ape, plan, _ = _world(seqs, exts, F32, F32)
+    with tiling("stream"):
+        _forward(state, x, ape, plan)
+    done = torch.cuda.Event()
+    done.record()
+    deadline = time.monotonic() + 60.0  # includes nothing but the kernels (the module is built)
+    while not done.query():
+        if time.monotonic() > deadline:
+            print("test_gpu_stream: the stream prefill kernel did not finish within 60 s (hang); "
+                  "ending the process", file=sys.stderr, flush=True)
+            os._exit(70)
+        time.sleep(0.01)
+
+
 # ---------------------------------------------------------------------------
 # Direct prefill calls
 # ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ Variant parameters::
     store       "none" (compress_forward) | "v4" | "bf16" (head 512) | "idx_fp8" | "idx_fp4" (head 128)
     tiling      "auto" (thread block clusters for C128 rows where the target has them) |
                 "whole_row" (one 512-thread block per C128 row, as on targets without clusters) |
-                "stream" (as "auto", except the regular C128 prefill compress pass: a persistent
+                "stream" (as "auto", except the C128 / online C128 prefill compress pass: a persistent
                 grid streaming window slices into a shared-memory ring by bulk copies, sm_90;
                 ``compress_and_store`` prefill of such a layer runs it, then the store kernel)
 
@@ -199,12 +199,12 @@ def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str | None =
 def compress_and_store(call: CompressCall, tiling: str | None = None) -> None:
     """Pool windows, update the state pool and store each compressed row into ``kvcache``: the
     compress kernel with the store epilogue (decode: one launch; prefill: the pooling pass, which
-    stores, then the state write pass). Tiling "stream", regular C128 prefill: the streaming
+    stores, then the state write pass). Tiling "stream", C128 / online C128 prefill: the streaming
     compress pass into a scratch buffer, the write pass, then the store kernel (the two-step
     path's launches and bytes)."""
     if tiling is None:
         tiling = _default_tiling
-    if tiling == "stream" and call.plan_w is not None and call.layer.ratio == 128 and not call.layer.online:
+    if tiling == "stream" and call.plan_w is not None and call.layer.ratio == 128:
         _stream_then_store(call)
         return
     layer, pool, inp, ape, plan_rows, plan_w, st = (call.layer, call.pool, call.inp, call.ape, call.plan_rows,
@@ -227,7 +227,7 @@ def compress_and_store(call: CompressCall, tiling: str | None = None) -> None:
 
 
 def _stream_then_store(call: CompressCall) -> None:
-    """``compress_and_store`` of a regular C128 prefill under tiling "stream": ``compress_forward``
+    """``compress_and_store`` of a C128 / online C128 prefill under tiling "stream": ``compress_forward``
     into rows of the input dtype, then ``compress_norm_rope_store`` (three launches)."""
     from ..validation import StoreCall
     from .store import compress_norm_rope_store
