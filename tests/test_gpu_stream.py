@@ -10,8 +10,10 @@ capture. Compared here, for tiling "stream" against "auto":
   CUDA-graph padding rows): ``compress_forward`` output and state pool bit-identical, in every
   input / state dtype pair, and within the GPU tests' tolerances of the PyTorch backend;
 * ``compress_and_store`` (stream: the streaming pass, then the store kernel) against the default
-  two-step path: the same cache bytes and state;
-* the engine simulations of the C128 scenarios through a tee backend (PyTorch reference, then
+  two-step path: the same cache bytes and state (regular fp32 / bf16 input, online);
+* the same for online C128 (output bit-identical to auto; state and output within the GPU
+  tests' online tolerances of the PyTorch backend);
+* the engine simulations of the C128 and online C128 scenarios through a tee backend (PyTorch reference, then
   the stream kernels, each prefill call also run with the default tiling on clones and
   compared bit for bit; fp32 and bf16 input);
 * a CUDA graph capturing the device planner and the stream pass = eager default tiling;
@@ -173,6 +175,51 @@ def test_stream_prefill_equals_default_tiling(case: str, in_dtype: torch.dtype, 
     _assert_close_to_reference(out_stream, out_ref, f"{what}: stream output vs torch")
 
 
+def _online_world(seqs: list[int], exts: list[int], graph_pad: int = 0, seed: int = 0):
+    """An online C128 world: slot rid's state row rid = [max M | sum S | mean K] (sums positive)."""
+    from flashcompress import CompressorPrefillPlan
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    B = len(seqs)
+    slots, max_ctx = B + 1, 32768 + 256
+    state = torch.randn((slots + 2, 3 * H), generator=g, device="cuda")
+    state[:, H:2 * H] = state[:, H:2 * H].abs() + 0.5
+    r2t = torch.arange(slots * max_ctx, dtype=torch.int32, device="cuda").view(slots, max_ctx)
+    rids = torch.arange(1, B + 1, device="cuda")
+    seq = torch.tensor(seqs, device="cuda")
+    ext = torch.tensor(exts, device="cuda")
+    num_q = sum(exts) + graph_pad
+    x = torch.randn((num_q, 2 * H), generator=g, device="cuda")
+    ape = 0.5 * torch.randn((128, H), generator=g, device="cuda")
+    plan = CompressorPrefillPlan.generate_online(seq_lens=seq, extend_lens=ext, req_pool_indices=rids,
+                                                 req_to_token=r2t, num_q_tokens=num_q, use_cuda_graph=graph_pad > 0)
+    return state, x, ape, plan
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("graph_pad", [0, 40])
+def test_stream_online_prefill_equals_default_tiling(case: str, graph_pad: int) -> None:
+    from test_gpu_compress import assert_state_parity
+
+    seqs, exts = CASES[case]
+    state, x, ape, plan = _online_world(seqs, exts, graph_pad)
+    outs, states = {}, {}
+    for name in ("auto", "stream"):
+        states[name] = state.clone()
+        with tiling(name):
+            outs[name] = flashcompress.compress_forward(states[name], x, ape, plan, head_dim=H, compress_ratio=128,
+                                                        is_online=True)
+    ref_state = state.clone()
+    with torch_backend():
+        ref = flashcompress.compress_forward(ref_state, x, ape, plan, head_dim=H, compress_ratio=128, is_online=True)
+    torch.cuda.synchronize()
+    what = f"online {case} pad {graph_pad}"
+    _assert_same_bits(outs["stream"], outs["auto"], f"{what}: stream output vs auto")
+    _assert_same_bits(states["stream"], states["auto"], f"{what}: stream state vs auto")
+    _assert_close_to_reference(outs["stream"], ref, f"{what}: stream output vs torch")
+    assert_state_parity(states["stream"], ref_state, state, True, H, f"{what}: stream state vs torch")
+
+
 def _store_args(num_q: int, max_pos: int, page_size: int = 2) -> dict:
     from flashcompress.layouts import MAIN_V4
 
@@ -186,21 +233,24 @@ def _store_args(num_q: int, max_pos: int, page_size: int = 2) -> dict:
                 page_size=page_size, use_fp4=False, bf16_store=False)
 
 
-@pytest.mark.parametrize("in_dtype", [F32, BF16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("in_dtype,online", [(F32, False), (BF16, False), (F32, True)], ids=["f32", "bf16", "online"])
 @pytest.mark.parametrize("case", ["mixed", "long_chunked"])
-def test_stream_fused_equals_default_two_step(case: str, in_dtype: torch.dtype) -> None:
+def test_stream_fused_equals_default_two_step(case: str, in_dtype: torch.dtype, online: bool) -> None:
     seqs, exts = CASES[case]
-    state, x, ape, plan, world = _world(seqs, exts, in_dtype, F32)
-    st = _store_args(world[-1], max(seqs) + 128)
+    if online:
+        state, x, ape, plan = _online_world(seqs, exts)
+    else:
+        state, x, ape, plan, _ = _world(seqs, exts, in_dtype, F32)
+    st = _store_args(sum(exts), max(seqs) + 128)
     # the default two-step path
     st_two, cache_two = state.clone(), st["kvcache"].clone()
     with tiling("auto"):
-        kv = _forward(st_two, x, ape, plan)
+        kv = flashcompress.compress_forward(st_two, x, ape, plan, head_dim=H, compress_ratio=128, is_online=online)
         flashcompress.compress_norm_rope_store(kv, plan, **{**st, "kvcache": cache_two})
     # the stream fused path
     st_fused, cache_fused = state.clone(), st["kvcache"].clone()
     with tiling("stream"):
-        flashcompress.compress_and_store(st_fused, x, ape, plan, head_dim=H, compress_ratio=128,
+        flashcompress.compress_and_store(st_fused, x, ape, plan, head_dim=H, compress_ratio=128, is_online=online,
                                          **{**st, "kvcache": cache_fused})
     torch.cuda.synchronize()
     assert bool(cache_two.any()), "nothing stored: the case stores no row"
@@ -269,13 +319,13 @@ def test_stream_decode_is_the_default_decode() -> None:
 def _c128_scenarios() -> dict[str, S.Scenario]:
     from test_properties import SCENARIOS
 
-    return {k: v for k, v in SCENARIOS.items() if v.ratio == 128 and not v.online}
+    return {k: v for k, v in SCENARIOS.items() if v.ratio == 128}
 
 
 class StreamTee:
     """test_gpu_compress.Tee with tiling "stream" (PyTorch parity of every call), plus: each
-    regular C128 prefill ``compress_forward`` is also run with the default tiling on clones and
-    compared bit for bit; ``compress_and_store`` is compared with the default two-step path."""
+    C128 / online C128 prefill ``compress_forward`` is also run with the default tiling on clones
+    and compared bit for bit; ``compress_and_store`` is compared with the default two-step path."""
 
     def __init__(self, in_dtype: torch.dtype | None = None):
         from test_gpu_compress import Tee
@@ -284,11 +334,11 @@ class StreamTee:
         self.kernel = self.tee.kernel
         self.compared = 0
 
-    def _regular_prefill(self, call) -> bool:
-        return call.plan_w is not None and call.layer.ratio == 128 and not call.layer.online
+    def _stream_prefill(self, call) -> bool:
+        return call.plan_w is not None and call.layer.ratio == 128
 
     def compress_forward(self, call, out):
-        if not self._regular_prefill(call):
+        if not self._stream_prefill(call):
             return self.tee.compress_forward(call, out)
         inp, ape = self.tee._inputs(call.inp, call.ape)
         c = call._replace(inp=inp, ape=ape)
@@ -323,7 +373,7 @@ class StreamTee:
             _settle_shared_decode_rows(state, ref_state, inp, plan_rows, call.layer.online, "compress_and_store")
         _assert_same_bits(state, ref_state, "stream compress_and_store state vs default two-step")
         assert torch.equal(st.kvcache, ref_cache), "stream compress_and_store cache bytes differ from the default two-step"
-        self.compared += self._regular_prefill(call)
+        self.compared += self._stream_prefill(call)
 
 
 @pytest.fixture()
