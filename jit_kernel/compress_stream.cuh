@@ -144,11 +144,15 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
     const auto* plan = reinterpret_cast<const CompressPlan*>(a.plan);
     const auto* input = static_cast<const TIn*>(a.input);
     const auto* state = static_cast<const TState*>(a.state);
+    // The plan row of the next iteration is loaded before this one waits for its stage, so a
+    // freed stage is refilled without a global-memory round trip first.
+    CompressPlan next = first < a.rows ? plan[first] : CompressPlan{};
     int it = 0;
     for (int64_t k = first; k < a.rows; k += groups, ++it) {
       const int st = it % S::kStages;
+      const CompressPlan p = next;
+      if (k + groups < a.rows) next = plan[k + groups];
       mbar_wait(&sm.empty[st], ((it / S::kStages) & 1) ^ 1);
-      const CompressPlan p = plan[k];
       const bool valid = p.seq_len != kInvalidU32;
       // The window as pass 1 resolves it (compress_prefill.cuh): entry e reads input row
       // q_first + e, or (regular, e < buf_len) state row 128 page1 + e.
