@@ -93,10 +93,10 @@ def _no_hang() -> None:
         _forward(state, x, ape, plan)
     done = torch.cuda.Event()
     done.record()
-    deadline = time.monotonic() + 60.0  # includes nothing but the kernels (the module is built)
+    deadline = time.monotonic() + 180.0  # the kernels only (the module is built); room for compute-sanitizer
     while not done.query():
         if time.monotonic() > deadline:
-            print("test_gpu_stream: the stream prefill kernel did not finish within 60 s (hang); "
+            print("test_gpu_stream: the stream prefill kernel did not finish within 180 s (hang); "
                   "ending the process", file=sys.stderr, flush=True)
             os._exit(70)
         time.sleep(0.01)
