@@ -18,9 +18,9 @@
 //     of the slice. The 16 bias values are loaded once, into registers. Per row: wait `full`,
 //     read the live entries from shared memory, fold, release the stage (`empty`, one arrival
 //     per warp), write the partials to shared memory (double-buffered by the parity of the
-//     block's valid rows), named barrier over the 512 consumers, combine: kLanes (8 / online 4)
-//     threads per channel, each merging splits lane, lane + kLanes, ..., then an xor butterfly;
-//     lane 0 finishes the channel into out[k, channel]. Invalid rows: zeros (threads u < 64).
+//     block's valid rows), named barrier over the 512 consumers; threads u < 64 (warps 0-1)
+//     combine channel u: pool_row's merges of its kLanes (8 / online 4) lanes and butterfly, as
+//     lane 0 sees them, then finish it into out[k, channel]. Invalid rows: zeros (u < 64).
 // Ring: kStages stages of one row slice each, kv [128][64] then score [128][64] (entry stride
 //   kPiece = 64 x the wider of TIn / TState): fp32 3 x 64 KB, bf16 6 x 32 KB.
 // The write pass stays the separate launch (write_kernel; online: the write list), a
@@ -64,8 +64,7 @@ struct StreamCfg {
   static constexpr int kChans = 64;               // channels per slice (a block's share of a row)
   static constexpr int kSlices = C::H / kChans;   // 8 slices per row
   static constexpr int kBatch = C::kBatch;        // entries folded at once: 8 regular, 2 online
-  static constexpr int kLanes = C::kLanes;        // combine lanes per channel: 8 regular, 4 online
-  static constexpr int kCombiners = kChans * kLanes;
+  static constexpr int kLanes = C::kLanes;        // pool_row's combine lanes per channel: 8 regular, 4 online
   static constexpr int kConsumers = C::kTeamThreads;  // 512: split s = u / 32, vector v = u % 32
   static constexpr int kConsumerWarps = kConsumers / 32;
   // Issue streams of copies (a copy is ~14 instructions of one lane, ~30 cycles): 4, one per SM
@@ -80,7 +79,7 @@ struct StreamCfg {
   static constexpr int kRingBytes = 192 * 1024;
   static constexpr int kStages = kRingBytes / kStageBytes;
   static_assert(C::kSplit == 16 && C::kPerSplit == 8 && kConsumerWarps == C::kSplit && C::kTeamThreads == 512 &&
-                    C::kPerSplit % kBatch == 0 && kCombiners <= kConsumers && kCombiners % 32 == 0,
+                    C::kPerSplit % kBatch == 0 && kChans % 32 == 0,
                 "the streaming pass runs pass 1's splits: one warp per split of 8 entries");
   static_assert(kStages >= 2 && kPiece % 16 == 0, "ring stages");
 };
@@ -264,31 +263,34 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
       sm.n[par][split][2 * v + i] = acc[i].n;
     }
     named_sync<1, S::kConsumers>();
-    // pool_row's combine: kLanes threads per channel, each merging splits lane, lane + kLanes,
-    // ..., then an xor butterfly; lane 0 finishes the channel (online: with its prior).
+    // pool_row's combine, one thread per channel (warps 0-1): the kLanes lanes' merges of splits
+    // l, l + kLanes, ..., then the xor butterfly as lane 0 sees it (at mask m, lane l < m merges
+    // lane l + m's value into its own), every merge with pool_row's operand order.
     constexpr int L = S::kLanes;
-    if (u < S::kCombiners) {  // whole warps
-      const int ch = u / L, lane = u % L;
-      Acc q = acc_empty();
+    if (u < S::kChans) {  // whole warps
+      const int ch = u;
+      Acc q[L];
 #pragma unroll
-      for (int sp = lane; sp < C::kSplit; sp += L) {
-        q = acc_merge<C::kFastExp>(q, Acc{sm.m[par][sp][ch], sm.s[par][sp][ch], sm.n[par][sp][ch]});
+      for (int l = 0; l < L; ++l) {
+        q[l] = acc_empty();
+#pragma unroll
+        for (int sp = l; sp < C::kSplit; sp += L) {
+          q[l] = acc_merge<C::kFastExp>(q[l], Acc{sm.m[par][sp][ch], sm.s[par][sp][ch], sm.n[par][sp][ch]});
+        }
       }
 #pragma unroll
       for (int mask = L / 2; mask >= 1; mask /= 2) {
-        const Acc o{shfl_xor(q.m, mask, L), shfl_xor(q.s, mask, L), shfl_xor(q.n, mask, L)};
-        q = acc_merge<C::kFastExp>(q, o);
+#pragma unroll
+        for (int l = 0; l < mask; ++l) q[l] = acc_merge<C::kFastExp>(q[l], q[l + mask]);
       }
-      if (lane == 0) {
-        RowTarget t{};
-        t.emit = true;
-        t.out_row = r.out_row;
-        t.merge_slot = r.merge_slot;
-        t.state_slot = -1;
-        const Acc fin[1] = {q};
-        const Prior<1> prior = load_prior<C, 1>(t, a, chan0 + ch);
-        finish_channels<C, 1>(t, a, nullptr, chan0 + ch, fin, prior);
-      }
+      RowTarget t{};
+      t.emit = true;
+      t.out_row = r.out_row;
+      t.merge_slot = r.merge_slot;
+      t.state_slot = -1;
+      const Acc fin[1] = {q[0]};
+      const Prior<1> prior = load_prior<C, 1>(t, a, chan0 + ch);
+      finish_channels<C, 1>(t, a, nullptr, chan0 + ch, fin, prior);
     }
   }
 }
