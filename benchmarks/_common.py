@@ -15,6 +15,10 @@ Timing (CUDA)
     run; GB/s counts read + write.  ``% copy`` = the op's GB/s over this number.
   On the CPU (``--device cpu``) everything is a smoke run: tiny sizes, the median wall
   time of a few calls, no graph column.
+  ``FLASHCOMPRESS_TILING=<tiling>`` (e.g. ``closing``) runs the compress kernels of that
+  ``compress`` variant tiling (the header names it); unset: the default tiling.
+  ``--tiling a,b`` times each case under every listed tiling in the same run, side by side
+  (rows of b marked ``[b]``).
 
 Cases (the issue tables' cases)
   * decode, B = 1 / 32 / 128 / 512 requests, context lengths random in [1024, 65536]:
@@ -857,7 +861,9 @@ def peer_delta(fc_call: Callable[[], object], peer_call: Callable[[], object], w
             if a.dtype == torch.uint8:
                 parts.append(f"{int((a != b).sum())}B")
             else:
-                d = (a.float() - b.float()).abs().nan_to_num(nan=float("inf"))
+                a, b = a.float(), b.float()
+                # equal values (equal infinities included) differ by 0; a NaN on one side only by inf
+                d = torch.where((a == b) | (a.isnan() & b.isnan()), 0.0, (a - b).abs().nan_to_num(nan=float("inf")))
                 fmax = max(fmax or 0.0, float(d.max()) if d.numel() else 0.0)
         if fmax is not None:
             parts.insert(0, f"d={fmax:.1e}")
@@ -916,9 +922,32 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({os.cpu_count()} cores)"
 
 
+_TILING: str | None = None
+
+
+def use_tiling_from_env() -> str | None:
+    """``FLASHCOMPRESS_TILING=<tiling>`` (a ``compress`` variant tiling, e.g. ``closing``): the
+    CUDA backend's compress_forward / compress_and_store run that tiling. Returns it (None: unset).
+    The variable is taken out of the environment (it is no library setting, which would warn)."""
+    global _TILING
+    if "FLASHCOMPRESS_TILING" in os.environ:
+        _TILING = os.environ.pop("FLASHCOMPRESS_TILING") or None
+    tiling = _TILING
+    if tiling is not None:
+        import functools
+
+        from flashcompress.cuda_ops import compress as _cc
+        from flashcompress.cuda_ops import ops as _ops
+
+        _ops.compress_forward = functools.partial(_cc.compress_forward, tiling=tiling)  # type: ignore[assignment]
+        _ops.compress_and_store = functools.partial(_cc.compress_and_store, tiling=tiling)  # type: ignore[assignment]
+    return tiling
+
+
 def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
     from flashcompress.jit.settings import jit_enabled_for
 
+    tiling = use_tiling_from_env()
     backend = "jit" if jit_enabled_for(timer.device) else "torch"
     lines = [
         f"{script}: {device_name(timer.device)}, torch {torch.__version__}, commit {git_commit()}, "
@@ -929,6 +958,8 @@ def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
                                            if timer.cuda else " wall times (CPU smoke run)")
         + f"; rotating input sets: {args.sets} per decode case, {min(args.sets, 2)} per prefill case",
     ]
+    if tiling is not None:
+        lines.append(f"compress tiling {tiling!r} (FLASHCOMPRESS_TILING)")
     if os.environ.get("FLASHCOMPRESS_DEBUG", "").lower() in ("1", "true", "yes", "on"):
         lines.append("WARNING: FLASHCOMPRESS_DEBUG is set: value checks synchronise; timings are not meaningful")
     return lines
@@ -964,11 +995,12 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
     p.add_argument("--peer", action="store_true",
                    help="also time SGLang's kernels on the same buffers (benchmarks/_peer.py: the SGLang wheel on "
                         "PYTHONPATH or FC_PEER_SGLANG); adds clean, peer and fc/peer columns")
-    p.add_argument("--tiling", default="auto",
-                   help="comma list of compress-family tilings to time side by side (auto, whole_row, stream; "
-                        "cuda_ops.compress.set_default_tiling); rows of a tiling other than the first are marked [name]")
+    p.add_argument("--tiling", default="",
+                   help="comma list of compress variant tilings (auto, whole_row, closing, stream) timed side by "
+                        "side in this run; rows of a tiling other than the first are marked [name] (overrides "
+                        "FLASHCOMPRESS_TILING; unset: that variable's tiling or the default)")
     args = p.parse_args(argv)
-    args.tilings = [t.strip() for t in args.tiling.split(",") if t.strip()] or ["auto"]
+    args.tilings = [t.strip() for t in args.tiling.split(",") if t.strip()] or [None]
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA GPU (use --device cpu for the smoke run)")
     if args.reps is None:
@@ -980,16 +1012,21 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
     return args
 
 
-def use_tiling(tiling: str, device: torch.device) -> None:
-    """Make ``tiling`` the compress family's tiling for the calls that follow (CUDA only: the
-    PyTorch backend has no tilings)."""
-    if device.type == "cuda":
-        from flashcompress.cuda_ops import compress as cuda_compress
+def use_tiling(tiling: str | None, device: torch.device) -> None:
+    """``--tiling``: the CUDA backend's compress_forward / compress_and_store run ``tiling`` from
+    now on (as ``FLASHCOMPRESS_TILING`` does for a whole run); None: leave them as they are."""
+    if tiling is None or device.type != "cuda":
+        return
+    import functools
 
-        cuda_compress.set_default_tiling(tiling)
+    from flashcompress.cuda_ops import compress as _cc
+    from flashcompress.cuda_ops import ops as _ops
+
+    _ops.compress_forward = functools.partial(_cc.compress_forward, tiling=tiling)  # type: ignore[assignment]
+    _ops.compress_and_store = functools.partial(_cc.compress_and_store, tiling=tiling)  # type: ignore[assignment]
 
 
-def tiling_label(label: str, tiling: str, tilings: Sequence[str]) -> str:
+def tiling_label(label: str, tiling: str | None, tilings: Sequence[str | None]) -> str:
     """``label`` for rows of ``tiling``: unchanged for the first of ``tilings``, else ``label [tiling]``."""
     return label if tiling == tilings[0] else f"{label} [{tiling}]"
 

@@ -4,7 +4,8 @@
 //   compress_config.cuh    Cfg: types, widths, tiling       compress_pool.cuh      pooling, row pipeline
 //   compress_epilogue.cuh  store epilogue                   compress_decode.cuh    online / whole-row decode
 //   compress_decode_c4.cuh C4 decode kernel                 compress_decode_c128.cuh  C128 decode (clusters)
-//   compress_prefill.cuh   prefill passes 1 and 2       compress_stream.cuh    streaming C128 pass 1 (kStream)
+//   compress_prefill.cuh   prefill passes 1 and 2      compress_decode_closing.cuh  C128 decode, Tiling::kClosing
+//   compress_stream.cuh    streaming C128 / online C128 prefill pass 1, Tiling::kStream
 //   (design notes: docs/kernel-design.md)
 //
 // Tensors (H = head dim, W = window = 8 for ratio 4 / 128 for ratio 128; all contiguous):
@@ -34,6 +35,7 @@
 #include "compress_decode.cuh"
 #include "compress_decode_c128.cuh"
 #include "compress_decode_c4.cuh"
+#include "compress_decode_closing.cuh"
 #include "compress_launch.h"
 #include "compress_prefill.cuh"
 #include "compress_stream.cuh"
@@ -66,17 +68,22 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kT
       // Larger batches, online C128 and the whole-row tiling: teams that walk as many requests as
       // make the grid one wave of resident blocks; most requests close no window and cost only
       // their row copy, which the per-slice grid pays with a whole block each.
-      if constexpr (kC128Burst<C>) {
-        if (a.rows <= kC128BurstMaxRows) return launch_decode_c128<C>(a, stream);
+      // Tiling::kClosing: one grid at every batch size, pooling only the closing requests.
+      if constexpr (kC128Closing<C>) {
+        return launch_decode_closing<C>(a, stream);
+      } else {
+        if constexpr (kC128Burst<C>) {
+          if (a.rows <= kC128BurstMaxRows) return launch_decode_c128<C>(a, stream);
+        }
+        constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
+        const int64_t resident = KernelOccupancy<decode_kernel<C>>::resident(C::kThreads, kCluster);
+        if (resident <= 0) return static_cast<gpuError_t>(-resident);
+        const int64_t teams = resident / C::kCSplit * C::kTeams;
+        CompressArgs d = a;
+        d.reqs_per_team = teams > 0 ? (a.rows + teams - 1) / teams : 1;
+        return launch_kernel(decode_kernel<C>, {row_grid<C>(a.rows, d.reqs_per_team), C::kThreads, 0, kCluster,
+                                                kPdlLaunch}, stream, d);
       }
-      constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
-      const int64_t resident = KernelOccupancy<decode_kernel<C>>::resident(C::kThreads, kCluster);
-      if (resident <= 0) return static_cast<gpuError_t>(-resident);
-      const int64_t teams = resident / C::kCSplit * C::kTeams;
-      CompressArgs d = a;
-      d.reqs_per_team = teams > 0 ? (a.rows + teams - 1) / teams : 1;
-      return launch_kernel(decode_kernel<C>, {row_grid<C>(a.rows, d.reqs_per_team), C::kThreads, 0, kCluster, kPdlLaunch},
-                           stream, d);
     }
   }
   using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kPrefill>;

@@ -13,6 +13,7 @@
 //   online prefill: 512 threads, kChans 128, 16 splits of 8 entries (4 blocks per row)
 //   online decode: 128 threads, whole row, 1 entry
 //   C128 whole row (no clusters, or Tiling::kWholeRow): 512 threads, 4 splits of 32 entries
+//   Tiling::kClosing: kAuto's tiling (its C128 decode kernel: compress_decode_closing.cuh)
 #pragma once
 
 #include <cstdint>
@@ -62,6 +63,8 @@ struct Cfg {
   static constexpr bool kWide = kRatio == 128 && !kOnlineDecode;
   // One block per C128 row without clusters, stored or not: both paths pool in one order.
   static constexpr bool kWholeRow = (!kHasClusters || kTiling == Tiling::kWholeRow) && kWide;
+  // Tiling::kClosing: decode-only kernels (the rest of the tiling is kAuto's).
+  static constexpr bool kClosingTiling = kTiling == Tiling::kClosing;
   // C128 / online prefill over several blocks per row: 2 channels per thread (8-byte loads), so
   // a thread's 8 entries (kv, score, bias: 48 registers) are loaded in one burst under the
   // 64-register cap of two 512-thread blocks per SM.

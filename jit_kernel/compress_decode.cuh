@@ -7,7 +7,8 @@
 // write_loc % 128 == 127; online: offset 127 emits, any other offset stores the running state).
 // The window entry the same launch writes is read from the request's own input row (rounded
 // through TState), so no thread waits on another's store. C128 copies the shares of all its
-// requests up front.
+// requests up front. Online rows under Tiling::kClosing take online_decode_row (same bits, a
+// shorter chain).
 #pragma once
 
 #include <cstdint>
@@ -52,6 +53,76 @@ __device__ __forceinline__ void copy_rows_share(const CompressArgs& a, int64_t f
   }
 }
 
+// Online C128 decode under Tiling::kClosing: pool_row's one-entry path, computed directly. The
+// thread owns channels c = 4u .. 4u + 3 of the row. For one entry with logit l the running
+// softmax is (m, s, n) = (l, 1, v) when l is finite (max(-inf, l) = l, exp(l - l) = exp(0) = 1,
+// fma(1, v, 0)), merging it into the empty state changes no bit (acc_merge) and n / 1 = n; for
+// l = -inf, +inf or NaN, exp(l - ms) is exp(-inf) = 0 or exp(NaN) = NaN and n / s is NaN. So the
+// entry costs no exp and no division; only the merge with the prior state keeps its two
+// accurate exps and its division (merge_channel's expressions), with one branch for the four
+// channels so that their chains overlap. Same bits as pool_row for every input.
+template <class C>
+__device__ __forceinline__ void online_decode_row(const Window& w, const RowTarget& t, const CompressArgs& a,
+                                                  Smem<C>& sm, int team, int u) {
+  static_assert(C::kOnlineDecode && C::kSplit == 1 && C::kVecW == 4 && C::kCSplit == 1, "online decode tiling");
+  using TIn = typename C::TIn;
+  using TState = typename C::TState;
+  constexpr int V = C::kVecW;
+  constexpr int H = C::H;
+  const int c = V * u;
+  const Prior<V> prior = load_prior<C, V>(t, a, c);
+  const TIn* in = static_cast<const TIn*>(a.input) + w.q_first * C::kInWidth + c;
+  const Vec<TIn, V> kv = load_vec<TIn, V>(in), sc = load_vec<TIn, V>(in + H);
+  const Vec<TIn, V> bi = load_vec<TIn, V>(static_cast<const TIn*>(a.ape) + static_cast<int64_t>(w.bias_base) * H + c);
+  Fin f[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    float l = to_float(sc.v[i]);
+    l += to_float(bi.v[i]);
+    const float m = fmaxf(-INFINITY, l);
+    const float d = l - (m == -INFINITY ? 0.f : m);      // 0, -inf or NaN
+    const float p = d == 0.f ? 1.f : (d == -INFINITY ? 0.f : d);  // exp(d)
+    const float n = fmaf(p, to_float(kv.v[i]), 0.f);
+    f[i] = Fin{m, p, p == 1.f ? n : __int_as_float(0x7fffffff)};
+  }
+  if (t.merge_slot >= 0) {
+    // merge_channel's expressions; every channel's exps before the first division
+    float num[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float m1 = prior.m[i], s1 = prior.s[i], k1 = prior.k[i];
+      const float m = fmaxf(m1, f[i].m);
+      const float ra = s1 * expf(m1 - m), rb = f[i].s * expf(f[i].m - m);
+      num[i] = fmaf(k1, ra, f[i].k * rb);  // how merge_channel's k1 * ra + k * rb compiles (SASS)
+      f[i].m = m;
+      f[i].s = ra + rb;
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) f[i].k = num[i] / f[i].s;
+  }
+  if (t.state_slot >= 0) {  // the row's state goes back to the pool instead of emitting
+    TState* dst = static_cast<TState*>(a.state) + t.state_slot * C::kStateWidth + c;
+    Vec<TState, V> m, s, k;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      m.v[i] = from_float<TState>(f[i].m);
+      s.v[i] = from_float<TState>(f[i].s);
+      k.v[i] = from_float<TState>(f[i].k);
+    }
+    store_vec<TState, V>(dst, m);
+    store_vec<TState, V>(dst + H, s);
+    store_vec<TState, V>(dst + 2 * H, k);
+    if constexpr (!C::kStoreRows) {  // kNone: a row that emits nothing is zeros
+      store_vec<typename C::TOut, V>(static_cast<typename C::TOut*>(a.out) + t.out_row * H + c,
+                                     Vec<typename C::TOut, V>{});
+    }
+    return;
+  }
+  float* row = C::kStoreRows ? &sm.row[team][0] : nullptr;
+#pragma unroll
+  for (int i = 0; i < V; ++i) emit_channel<C>(t, a, row, c + i, f[i].k);
+}
+
 // Decode: a team handles requests [first, first + a.reqs_per_team), one after the other. C128
 // copies the team's share of all their input rows into the state first. Per request the team
 // reads the plan row, pools the request if it closes a window (the store operands fly
@@ -71,7 +142,11 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   const auto* plan = reinterpret_cast<const DecodePlan*>(a.plan);
   const int64_t first = (group * C::kTeams + team) * a.reqs_per_team;
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
-  stage_invariants<C>(a, sm, team, u);
+  // Online rows under Tiling::kClosing (online_decode_row): the store's weight blocks are staged
+  // with the team's first emitting row, not by every team (most teams emit nothing).
+  constexpr bool kShortOnline = C::kOnline && C::kClosingTiling;
+  bool invariants_pending = kShortOnline;
+  if constexpr (!kShortOnline) stage_invariants<C>(a, sm, team, u);
   async_commit();
   copy_rows_share<C>(a, first, last, u, rank);
   int row_count = 0;                         // rows the team has stored
@@ -105,7 +180,13 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       w.self_in = b;
     }
     t.position = static_cast<int64_t>(p.seq_len) - C::kRatio;
-    if (t.emit) stage_row_rope<C>(a, sm, team, u, t.position);
+    if (t.emit) {
+      if (invariants_pending) {  // in this row's group: async_wait<0> below orders it
+        stage_invariants<C>(a, sm, team, u);
+        invariants_pending = false;
+      }
+      stage_row_rope<C>(a, sm, team, u, t.position);
+    }
     async_commit();
     if (!C::kOnline && !t.emit) {  // only the copy: nothing pooled, nothing stored
       async_wait<0>();
@@ -113,12 +194,16 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
       continue;
     }
     async_wait<1>();  // the row-independent stage has landed; this row's may fly on
-    pool_row<C>(w, t, a, sm, team, u, rank);
+    if constexpr (kShortOnline) {
+      online_decode_row<C>(w, t, a, sm, team, u);  // writes a non-emitting kNone row's zeros
+    } else {
+      pool_row<C>(w, t, a, sm, team, u, rank);
+    }
     async_wait<0>();
     if (t.emit) {
       store_pooled_row<C>(t, a, sm, team, u, rank, row_count, entry_pending);
       ++row_count;
-    } else if constexpr (!C::kStoreRows) {
+    } else if constexpr (!C::kStoreRows && !kShortOnline) {
       zero_out_row<C>(a, b, u, rank);
     }
   }

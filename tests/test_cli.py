@@ -277,12 +277,10 @@ def test_prewarm_list_and_dry_run_v41_flash(private_env: dict[str, str], capsys:
         assert set(PLAN_FLASH) <= set(out.splitlines())
 
 
-def test_check_offers_only_models_with_v4_layers(private_env: dict[str, str],
-                                                capsys: pytest.CaptureFixture[str]) -> None:
-    """``check`` runs C4 / C128 engine scripts: V4.1-Flash (ratio 1/2 only) would pass 0 checks."""
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["check", "--device", "cpu", "--model", "deepseek-v4.1-flash"])
-    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+def test_check_offers_v41_flash(private_env: dict[str, str], capsys: pytest.CaptureFixture[str]) -> None:
+    """``check`` runs V4.1-Flash's ratio-2 / ratio-1 source-layer scripts (``testing/check_v41.py``)."""
+    code, out, _ = run_cli("check", "--device", "cpu", "--model", "deepseek-v4.1-flash", capsys=capsys)
+    assert code == 0 and "V4.1 C2 H512 v4 + index-K" in out and out.rstrip().splitlines()[-1].startswith("PASS")
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -58,14 +58,19 @@ def _assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 @contextlib.contextmanager
 def tiling(name: str) -> Iterator[None]:
-    """Calls through the public API use ``name`` (cuda_ops.compress.set_default_tiling)."""
-    from flashcompress.cuda_ops import compress as cc
+    """Calls through the public API run the compress variants of tiling ``name``."""
+    import functools
 
-    prev = cc.set_default_tiling(name)
+    from flashcompress.cuda_ops import compress as cc
+    from flashcompress.cuda_ops import ops
+
+    saved = ops.compress_forward, ops.compress_and_store
+    ops.compress_forward = functools.partial(cc.compress_forward, tiling=name)
+    ops.compress_and_store = functools.partial(cc.compress_and_store, tiling=name)
     try:
         yield
     finally:
-        cc.set_default_tiling(prev)
+        ops.compress_forward, ops.compress_and_store = saved
 
 
 @contextlib.contextmanager

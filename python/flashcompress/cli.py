@@ -535,16 +535,15 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser(
         "check", help="check the kernels against the PyTorch backend on this GPU",
         description="Build (or load) every kernel variant of a model preset, run a short engine script per "
-                    "layer kind (C4 main, C4 indexer FP8/FP4, C128, online C128) through the kernels and "
+                    "layer kind (C4 main, C4 indexer FP8/FP4, C128, online C128; for V4.1 the ratio-2 and "
+                    "ratio-1 source layers with their index keys) through the kernels and "
                     "through the PyTorch backend from identical inputs, compare plans, state, compressed rows "
-                    "and cache bytes (the GPU test suite's tolerances) and compress_and_store against the "
-                    "two-step path, and print one table. Exit status 0 only if every check passes; 1 on a "
-                    "mismatch or without a GPU.")
-    # The check's engine scripts cover the C4 / C128 layer kinds: models without any are not offered.
-    check.add_argument("--model", default="deepseek-v4-flash",
-                       choices=sorted(name for name, cfg in MODELS.items() if cfg.v4_ratios),
-                       help="model preset (default deepseek-v4-flash; V4.1 ratio-1/2 ops are checked by "
-                            "pytest -m gpu tests/test_gpu_v41_kernels.py)")
+                    "and cache bytes (the GPU test suite's tolerances; V4.1 exactly) and compress_and_store "
+                    "against the two-step path, and print one table. Exit status 0 only if every check passes; "
+                    "1 on a mismatch or without a GPU.")
+    check.add_argument("--model", default="deepseek-v4-flash", choices=sorted(MODELS),
+                       help="model preset (default deepseek-v4-flash; deepseek-v4.1-flash checks the V4.1 "
+                            "ratio-2 / ratio-1 source layers)")
     check.add_argument("--device", default="cuda",
                        help="cuda, cuda:N (default cuda) or cpu: a self-test of the check itself "
                             "(PyTorch backend on both sides, nothing built)")

@@ -14,14 +14,14 @@ Variant parameters::
     store       "none" (compress_forward) | "v4" | "bf16" (head 512) | "idx_fp8" | "idx_fp4" (head 128)
     tiling      "auto" (thread block clusters for C128 rows where the target has them) |
                 "whole_row" (one 512-thread block per C128 row, as on targets without clusters) |
+                "closing" ("auto", but C128 / online C128 decode: one grid that pools only the
+                window-closing requests, copies spread over all blocks; a shorter online chain) |
                 "stream" (as "auto", except the C128 / online C128 prefill compress pass: a persistent
                 grid streaming window slices into a shared-memory ring by bulk copies, sm_90;
                 ``compress_and_store`` prefill of such a layer runs it, then the store kernel)
 
-``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword, so a test can run
-every tiling on one GPU; without it (the API's calls) they use ``default_tiling()``: "auto", or
-the environment's ``FLASHCOMPRESS_TILING``, or what ``set_default_tiling`` last set (the
-benchmarks' ``--tiling``).
+``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword (default "auto"), so a
+test can run every tiling on one GPU.
 
 A store variant rounds each compressed row to the input dtype (``out_dtype ==
 in_dtype``, the dtype of the two-step path's intermediate) before the store.
@@ -37,7 +37,6 @@ paragraph says so.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping
 
 import torch
@@ -47,7 +46,7 @@ from ..jit.models import model_config
 from ..validation import CompressCall
 from .store import freq_table
 
-__all__ = ["COMPRESS", "compress_and_store", "compress_forward", "default_tiling", "set_default_tiling"]
+__all__ = ["COMPRESS", "compress_and_store", "compress_forward"]
 
 _DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -129,7 +128,7 @@ COMPRESS = register_family(
             "state_dtype": ("f32", "bf16"),
             "out_dtype": ("f32", "bf16"),
             "store": ("none", "v4", "idx_fp8", "idx_fp4", "bf16"),
-            "tiling": ("auto", "whole_row", "stream"),
+            "tiling": ("auto", "whole_row", "closing", "stream"),
         },
         defaults={"tiling": "auto"},
         warmup=_warmup,
@@ -140,25 +139,6 @@ COMPRESS = register_family(
 
 
 _MODULES: dict[tuple[Any, ...], Any] = module_memo()
-
-_TILINGS = ("auto", "whole_row", "stream")
-_default_tiling = os.environ.get("FLASHCOMPRESS_TILING", "auto") or "auto"
-if _default_tiling not in _TILINGS:
-    raise ValueError(f"FLASHCOMPRESS_TILING={_default_tiling!r}: expected one of {', '.join(_TILINGS)}")
-
-
-def default_tiling() -> str:
-    """The tiling of calls that pass none (``FLASHCOMPRESS_TILING``, default "auto")."""
-    return _default_tiling
-
-
-def set_default_tiling(tiling: str) -> str:
-    """Make ``tiling`` the tiling of calls that pass none; returns the previous one."""
-    global _default_tiling
-    if tiling not in _TILINGS:
-        raise ValueError(f"tiling {tiling!r}: expected one of {', '.join(_TILINGS)}")
-    prev, _default_tiling = _default_tiling, tiling
-    return prev
 
 
 def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: torch.dtype,
@@ -176,12 +156,10 @@ def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: to
     return module
 
 
-def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str | None = None) -> None:
+def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str = "auto") -> None:
     """Pool windows into ``out`` and update the state pool (decode: ``call.plan_w`` is None).
 
     The binding takes the pool as passed (flat or paged view: no view made here)."""
-    if tiling is None:
-        tiling = _default_tiling
     layer, pool, inp, ape, plan_rows, plan_w = call.layer, call.pool, call.inp, call.ape, call.plan_rows, call.plan_w
     in_dtype = inp.dtype
     if ape.dtype is not in_dtype:
@@ -196,14 +174,12 @@ def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str | None =
         module.compress(pool, inp, ape, plan_rows, plan_w, out, False)
 
 
-def compress_and_store(call: CompressCall, tiling: str | None = None) -> None:
+def compress_and_store(call: CompressCall, tiling: str = "auto") -> None:
     """Pool windows, update the state pool and store each compressed row into ``kvcache``: the
     compress kernel with the store epilogue (decode: one launch; prefill: the pooling pass, which
     stores, then the state write pass). Tiling "stream", C128 / online C128 prefill: the streaming
     compress pass into a scratch buffer, the write pass, then the store kernel (the two-step
     path's launches and bytes)."""
-    if tiling is None:
-        tiling = _default_tiling
     if tiling == "stream" and call.plan_w is not None and call.layer.ratio == 128:
         _stream_then_store(call)
         return

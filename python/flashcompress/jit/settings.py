@@ -28,9 +28,8 @@ __all__ = ["SCHEMA", "Setting", "Settings", "SettingsError", "debug_checks_enabl
 
 ENV_PREFIX = "FLASHCOMPRESS_"
 CONFIG_ENV = "FLASHCOMPRESS_CONFIG"
-# FLASHCOMPRESS_* names that are not settings but are read elsewhere (the test suite's knobs; the
-# compress family's A/B tiling switch, cuda_ops/compress.py)
-OTHER_ENV = ("FLASHCOMPRESS_PROPERTY_SEEDS", "FLASHCOMPRESS_TEST_DEVICE", "FLASHCOMPRESS_TILING")
+# FLASHCOMPRESS_* names that are not settings but are read elsewhere (the test suite's knobs)
+OTHER_ENV = ("FLASHCOMPRESS_PROPERTY_SEEDS", "FLASHCOMPRESS_TEST_DEVICE")
 
 
 class SettingsError(ValueError):

@@ -28,6 +28,10 @@ What an engine team runs after installing on a new GPU type.  For a model preset
                 path from clones: state and cache byte for byte
    ============ =====================================================================
 
+   A V4.1 model (``deepseek-v4.1-flash``) has no plans: its layer kinds are the ratio-2 and
+   ratio-1 source layers with their index keys (:mod:`flashcompress.testing.check_v41`), compared
+   exactly in ``state`` (pair ring), ``output`` (latent) and ``cache`` (main + index-K caches).
+
    These are the tolerances of the GPU test suite (``tests/test_gpu_*.py``).  After
    each call the script goes on from the checked device's buffers, so every call of
    both sides starts from the same bytes.
@@ -79,12 +83,15 @@ class LayerKind:
         return SWA_PAGE // self.ratio
 
 
-def layer_kinds(model: str) -> list[LayerKind]:
-    """The compressors a model's layers run, from its :class:`~flashcompress.jit.models.ModelConfig`."""
+def layer_kinds(model: str, v41_layouts: tuple[str, ...] = ("v4",)) -> list:
+    """The compressors a model's layers run, from its :class:`~flashcompress.jit.models.ModelConfig`:
+    :class:`LayerKind` for ratios 4 / 128, :class:`~flashcompress.testing.check_v41.V41LayerKind` for the
+    V4.1 ratios 2 / 1 (one per layout of ``v41_layouts``)."""
     from flashcompress.jit.models import model_config
+    from flashcompress.testing.check_v41 import v41_layer_kinds
 
     cfg = model_config(model)
-    kinds = []
+    kinds: list = []
     if 4 in cfg.compress_ratios:
         kinds += [LayerKind(f"C4 main H{cfg.head_dim} V4", 4, cfg.head_dim, L.MAIN_V4),
                   LayerKind(f"C4 indexer H{cfg.index_head_dim} FP8", 4, cfg.index_head_dim, L.INDEXER_FP8),
@@ -92,7 +99,7 @@ def layer_kinds(model: str) -> list[LayerKind]:
     if 128 in cfg.compress_ratios:
         kinds += [LayerKind(f"C128 main H{cfg.head_dim} V4", 128, cfg.head_dim, L.MAIN_V4),
                   LayerKind(f"online C128 H{cfg.head_dim} V4", 128, cfg.head_dim, L.MAIN_V4, online=True)]
-    return kinds
+    return kinds + v41_layer_kinds(cfg.low_ratios, v41_layouts)
 
 
 # --------------------------------------------------------------------------- the two sides
@@ -157,6 +164,37 @@ class ApiBackend:
                            norm_weight=consts.norm_weight, norm_eps=NORM_EPS, freq_cis=consts.freq_cis,
                            out_loc=out_loc, kvcache=cache, page_size=kind.page_size,
                            use_fp4=kind.fmt is L.INDEXER_FP4, is_online=kind.online)
+
+
+    def v41_compress(self, kind, mode: str, x: torch.Tensor, ring: torch.Tensor | None, norm_weight: torch.Tensor,
+                     eps: float, freqs_cis: torch.Tensor, cache: torch.Tensor, meta: dict, ring_size: int,
+                     draft_len: int) -> torch.Tensor:
+        """A V4.1 source layer's compressor call (``mode``: prefill / decode / verify); returns the latent.
+
+        Ratio 1: ``c1_decode_norm_rope_store`` (every mode, ``out_loc = raw_out_loc``); ratio 2:
+        ``c2_prefill_norm_rope_store`` (``meta["ranges"]`` = extend starts, lengths) or
+        ``c2_decode_norm_rope_store`` (``draft_len`` for verify).
+        """
+        from flashcompress.v41 import c1_decode_norm_rope_store, c2_decode_norm_rope_store, c2_prefill_norm_rope_store
+
+        common = dict(page_size=kind.page_size, layout=kind.layout)
+        pos, req, raw = meta["positions"], meta["req"], meta["raw_out_loc"]
+        if kind.ratio == 1:
+            return c1_decode_norm_rope_store(x, norm_weight, pos, raw, eps, freqs_cis, cache, **common)
+        if mode == "prefill":
+            start, lens = meta["ranges"]
+            return c2_prefill_norm_rope_store(x, ring, norm_weight, pos, req, raw, eps, freqs_cis, cache, start, lens,
+                                              ring_size=ring_size, **common)
+        return c2_decode_norm_rope_store(x, ring, norm_weight, pos, req, raw, eps, freqs_cis, cache,
+                                         ring_size=ring_size, draft_len=draft_len if mode == "verify" else 1,
+                                         **common)
+
+    def v41_index_k(self, kind, k_in: torch.Tensor, k_norm_weight: torch.Tensor, eps: float, freqs_cis: torch.Tensor,
+                    positions: torch.Tensor, loc: torch.Tensor, cache: torch.Tensor) -> None:
+        """``index_k_norm_rope_pack_store`` of a V4.1 source layer's keys."""
+        from flashcompress.v41 import index_k_norm_rope_pack_store
+
+        index_k_norm_rope_pack_store(k_in, k_norm_weight, eps, freqs_cis, positions, loc, cache, ratio=kind.ratio)
 
 
 # --------------------------------------------------------------------------- comparisons
@@ -602,9 +640,12 @@ def run_check(model: str = "deepseek-v4-flash", device: str | torch.device | Non
         report = run_check("deepseek-v4-flash", "cuda")
         print(report.table()); assert report.ok
     """
-    kinds = layer_kinds(model)
-    dev = check_device(device)
+    from flashcompress.testing.check_v41 import V41KindRun, V41LayerKind, v41_layouts_for
     from flashcompress.testing.simulator import _backend_name
+
+    layer_kinds(model)  # an unknown model raises before the device is looked at
+    dev = check_device(device)
+    kinds = layer_kinds(model, v41_layouts_for(dev))
 
     started = time.perf_counter()
     build = _build(model) if dev.type == "cuda" else None
@@ -614,7 +655,8 @@ def run_check(model: str = "deepseek-v4-flash", device: str | torch.device | Non
     for i, kind in enumerate(kinds):
         if progress:
             progress(f"[{i + 1}/{len(kinds)}] {kind.name}")
-        results.append(_KindRun(kind, subject, reference, seed + i).run())
+        runner = V41KindRun if isinstance(kind, V41LayerKind) else _KindRun
+        results.append(runner(kind, subject, reference, seed + i).run())
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return CheckReport(model, _device_text(dev), _backend_name(dev), build, results, time.perf_counter() - started)
