@@ -960,6 +960,9 @@ def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
     ]
     if tiling is not None:
         lines.append(f"compress tiling {tiling!r} (FLASHCOMPRESS_TILING)")
+    if getattr(args, "tilings", [None]) != [None]:
+        lines.append(f"compress tilings side by side: {', '.join(args.tilings)} (--tiling; rows of all but the first "
+                     "marked [tiling])")
     if os.environ.get("FLASHCOMPRESS_DEBUG", "").lower() in ("1", "true", "yes", "on"):
         lines.append("WARNING: FLASHCOMPRESS_DEBUG is set: value checks synchronise; timings are not meaningful")
     return lines
