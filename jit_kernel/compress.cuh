@@ -88,10 +88,15 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kT
   }
   using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kPrefill>;
   constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
-  gpuError_t err;
+  bool streamed = false;  // Tiling::kStream: the streaming pass 1 (same bits) for dense plans
+  gpuError_t err = gpuSuccess;
   if constexpr (kTiling == Tiling::kStream && kStreamable<C>) {
-    err = launch_stream_prefill<C>(a, stream);  // same bits as prefill_kernel<C>
-  } else {
+    if (stream_prefill_fits(a)) {
+      err = launch_stream_prefill<C>(a, stream);
+      streamed = true;
+    }
+  }
+  if (!streamed) {
     err = launch_kernel(prefill_kernel<C>, {row_grid<C>(a.rows, 1), C::kThreads, 0, kCluster, kPdlLaunch}, stream, a);
   }
   if (err != gpuSuccess) return err;

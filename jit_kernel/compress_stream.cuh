@@ -6,7 +6,8 @@
 //
 // Grid: persistent, G = 8 * floor(SMs / 8) blocks (at most 8 per plan row); block b owns the
 // 64-channel slice rank = b % 8 of every row k = b / 8 + i * (G / 8). One block per SM (the ring
-// takes ~200 KB of shared memory).
+// takes ~200 KB of shared memory). Dense plans only (stream_prefill_fits): a padded CUDA-graph
+// plan, a row per token, keeps pass 1's grid.
 // Block: 16 consumer warps + P = 4 (fp32 input) / 8 (bf16) producer warps: 640 / 768 threads.
 //   producer warp p (warps 16..16+P-1), lane 0: per row, waits for a free ring stage, reads the
 //     plan row (p = 0 records the resolved window in the stage's descriptor) and issues the
@@ -294,6 +295,12 @@ __global__ void __launch_bounds__(StreamCfg<C>::kThreads, 1) stream_prefill_kern
     }
   }
 }
+
+// Whether the streaming pass takes a plan: its rows must be dense in the call's tokens (at most
+// one row per 64 input rows, plus 64). A padded plan (CUDA-graph prefill: one row per token,
+// nearly all invalid) stays with pass 1's grid, whose blocks skip an invalid row each; the
+// persistent grid would walk the invalid rows one ring stage at a time.
+inline bool stream_prefill_fits(const CompressArgs& a) { return a.rows <= a.input_rows / 64 + 64; }
 
 // Launch the streaming pass: the persistent grid, one block per SM, a multiple of 8 blocks and at
 // most 8 per row.

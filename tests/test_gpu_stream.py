@@ -7,8 +7,10 @@ capture. Compared here, for tiling "stream" against "auto":
 
 * direct prefill calls (several requests, chunked prefill with a state prefix, requests shorter
   than a window, a 32768-token request whose 256 rows wrap every block's ring several times,
-  CUDA-graph padding rows): ``compress_forward`` output and state pool bit-identical, in every
-  input / state dtype pair, and within the GPU tests' tolerances of the PyTorch backend;
+  invalid rows between pooled ones): ``compress_forward`` output and state pool bit-identical,
+  in every input / state dtype pair, and within the GPU tests' tolerances of the PyTorch backend
+  (host-built plans: the stream pass takes only dense plans; a padded CUDA-graph planner plan
+  keeps the default pass, checked too);
 * ``compress_and_store`` (stream: the streaming pass, then the store kernel) against the default
   two-step path: the same cache bytes and state (regular fp32 / bf16 input, online);
 * the same for online C128 (output bit-identical to auto; state and output within the GPU
@@ -16,7 +18,7 @@ capture. Compared here, for tiling "stream" against "auto":
 * the engine simulations of the C128 and online C128 scenarios through a tee backend (PyTorch reference, then
   the stream kernels, each prefill call also run with the default tiling on clones and
   compared bit for bit; fp32 and bf16 input);
-* a CUDA graph capturing the device planner and the stream pass = eager default tiling;
+* a CUDA graph replaying the stream pass = eager default tiling (C128 and online);
 * decode calls with tiling "stream" = the default tiling (the same decode kernels).
 """
 
@@ -123,10 +125,28 @@ CASES = {
 }
 
 
+def _with_holes(plan, every: int):
+    """``plan`` with an invalid CompressPlan row after every ``every`` rows (0: unchanged): rows
+    the pass must leave zero, between rows it pools (padding the graph planner only appends)."""
+    from flashcompress import CompressorPrefillPlan
+    from flashcompress.layouts import INVALID_COMPRESS_ROW
+
+    if every == 0 or plan[1].shape[0] == 0:
+        return plan
+    rows = plan[1]
+    hole = torch.tensor(list(INVALID_COMPRESS_ROW), dtype=torch.uint8, device=rows.device).view(1, 16)
+    parts = []
+    for i in range(0, rows.shape[0], every):
+        parts += [rows[i:i + every], hole]
+    return CompressorPrefillPlan(plan[0], torch.cat(parts).contiguous(), plan[2], is_online=plan.is_online)
+
+
 def _world(seqs: list[int], exts: list[int], in_dtype: torch.dtype, state_dtype: torch.dtype,
-           graph_pad: int = 0, seed: int = 0):
-    """A C128 world (always the request ring: state row rid * 128 + p % 128): slots 1..B, random state, input and
-    ape, and the prefill plan (CUDA-graph mode with ``graph_pad`` padding tokens when > 0)."""
+           holes: int = 0, seed: int = 0):
+    """A C128 world (always the request ring: state row rid * 128 + p % 128): slots 1..B, random
+    state, input and ape, and the prefill plan from host lengths (exact rows; the stream pass
+    takes only such dense plans, compress_stream.cuh stream_prefill_fits), with an invalid row
+    after every ``holes`` rows when > 0."""
     from flashcompress import CompressorPrefillPlan
 
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -136,12 +156,12 @@ def _world(seqs: list[int], exts: list[int], in_dtype: torch.dtype, state_dtype:
     r2t = torch.arange(slots * max_ctx, dtype=torch.int32, device="cuda").view(slots, max_ctx)
     f2s = torch.arange(slots * max_ctx + 1, dtype=torch.int64, device="cuda")
     rids = torch.arange(1, B + 1, device="cuda")
-    seq = torch.tensor(seqs, device="cuda")
-    ext = torch.tensor(exts, device="cuda")
-    num_q = sum(exts) + graph_pad
+    seq = torch.tensor(seqs)
+    ext = torch.tensor(exts)
+    num_q = sum(exts)
     x = torch.randn((num_q, 2 * H), generator=g, device="cuda").to(in_dtype)
     ape = (0.5 * torch.randn((128, H), generator=g, device="cuda")).to(in_dtype)
-    plan = CompressorPrefillPlan.generate(128, rids, seq, ext, r2t, f2s, 256, ring, num_q, graph_pad > 0, False)
+    plan = _with_holes(CompressorPrefillPlan.generate(128, rids, seq, ext, r2t, f2s, 256, ring, num_q), holes)
     return state, x, ape, plan, (rids, seq, ext, r2t, f2s, ring, num_q)
 
 
@@ -160,11 +180,11 @@ DTYPES = [(F32, F32), (BF16, BF16), (BF16, F32), (F32, BF16)]
 
 @pytest.mark.parametrize("in_dtype,state_dtype", DTYPES, ids=lambda d: str(d).replace("torch.", ""))
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("graph_pad", [0, 40])
+@pytest.mark.parametrize("holes", [0, 3])
 def test_stream_prefill_equals_default_tiling(case: str, in_dtype: torch.dtype, state_dtype: torch.dtype,
-                                              graph_pad: int) -> None:
+                                              holes: int) -> None:
     seqs, exts = CASES[case]
-    state, x, ape, plan, _ = _world(seqs, exts, in_dtype, state_dtype, graph_pad)
+    state, x, ape, plan, _ = _world(seqs, exts, in_dtype, state_dtype, holes)
     st_auto, st_stream, st_ref = state.clone(), state.clone(), state.clone()
     with tiling("auto"):
         out_auto = _forward(st_auto, x, ape, plan)
@@ -173,15 +193,16 @@ def test_stream_prefill_equals_default_tiling(case: str, in_dtype: torch.dtype, 
     with torch_backend():
         out_ref = _forward(st_ref, x, ape, plan)
     torch.cuda.synchronize()
-    what = f"{case} {in_dtype}/{state_dtype} pad {graph_pad}"
+    what = f"{case} {in_dtype}/{state_dtype} holes {holes}"
     _assert_same_bits(out_stream, out_auto, f"{what}: stream output vs auto")
     _assert_same_bits(st_stream, st_auto, f"{what}: stream state vs auto")
     _assert_same_bits(st_stream, st_ref, f"{what}: stream state vs torch")
     _assert_close_to_reference(out_stream, out_ref, f"{what}: stream output vs torch")
 
 
-def _online_world(seqs: list[int], exts: list[int], graph_pad: int = 0, seed: int = 0):
-    """An online C128 world: slot rid's state row rid = [max M | sum S | mean K] (sums positive)."""
+def _online_world(seqs: list[int], exts: list[int], holes: int = 0, seed: int = 0):
+    """An online C128 world: slot rid's state row rid = [max M | sum S | mean K] (sums positive);
+    the plan from host lengths, with an invalid row after every ``holes`` rows when > 0."""
     from flashcompress import CompressorPrefillPlan
 
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -191,23 +212,23 @@ def _online_world(seqs: list[int], exts: list[int], graph_pad: int = 0, seed: in
     state[:, H:2 * H] = state[:, H:2 * H].abs() + 0.5
     r2t = torch.arange(slots * max_ctx, dtype=torch.int32, device="cuda").view(slots, max_ctx)
     rids = torch.arange(1, B + 1, device="cuda")
-    seq = torch.tensor(seqs, device="cuda")
-    ext = torch.tensor(exts, device="cuda")
-    num_q = sum(exts) + graph_pad
+    seq = torch.tensor(seqs)
+    ext = torch.tensor(exts)
+    num_q = sum(exts)
     x = torch.randn((num_q, 2 * H), generator=g, device="cuda")
     ape = 0.5 * torch.randn((128, H), generator=g, device="cuda")
     plan = CompressorPrefillPlan.generate_online(seq_lens=seq, extend_lens=ext, req_pool_indices=rids,
-                                                 req_to_token=r2t, num_q_tokens=num_q, use_cuda_graph=graph_pad > 0)
-    return state, x, ape, plan
+                                                 req_to_token=r2t, num_q_tokens=num_q)
+    return state, x, ape, _with_holes(plan, holes)
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("graph_pad", [0, 40])
-def test_stream_online_prefill_equals_default_tiling(case: str, graph_pad: int) -> None:
+@pytest.mark.parametrize("holes", [0, 3])
+def test_stream_online_prefill_equals_default_tiling(case: str, holes: int) -> None:
     from test_gpu_compress import assert_state_parity
 
     seqs, exts = CASES[case]
-    state, x, ape, plan = _online_world(seqs, exts, graph_pad)
+    state, x, ape, plan = _online_world(seqs, exts, holes)
     outs, states = {}, {}
     for name in ("auto", "stream"):
         states[name] = state.clone()
@@ -218,7 +239,7 @@ def test_stream_online_prefill_equals_default_tiling(case: str, graph_pad: int) 
     with torch_backend():
         ref = flashcompress.compress_forward(ref_state, x, ape, plan, head_dim=H, compress_ratio=128, is_online=True)
     torch.cuda.synchronize()
-    what = f"online {case} pad {graph_pad}"
+    what = f"online {case} holes {holes}"
     _assert_same_bits(outs["stream"], outs["auto"], f"{what}: stream output vs auto")
     _assert_same_bits(states["stream"], states["auto"], f"{what}: stream state vs auto")
     _assert_close_to_reference(outs["stream"], ref, f"{what}: stream output vs torch")
@@ -263,31 +284,68 @@ def test_stream_fused_equals_default_two_step(case: str, in_dtype: torch.dtype, 
     assert torch.equal(cache_fused, cache_two), f"{case}: {int((cache_fused != cache_two).sum())} cache bytes differ"
 
 
-def test_stream_graph_capture_equals_eager_default() -> None:
-    from flashcompress import CompressorPrefillPlan
+@pytest.mark.parametrize("online", [False, True], ids=["c128", "online"])
+def test_stream_graph_capture_equals_eager_default(online: bool) -> None:
+    """The stream pass captured in a CUDA graph (a static host-built plan) replays to the eager
+    default tiling's bytes."""
+    seqs, exts = CASES["long_chunked"]
+    if online:
+        state, x, ape, plan = _online_world(seqs, exts, holes=5)
+    else:
+        state, x, ape, plan, _ = _world(seqs, exts, F32, F32, holes=5)
 
-    seqs, exts = CASES["mixed"]
-    state, x, ape, plan, world = _world(seqs, exts, F32, F32, graph_pad=56)
-    rids, seq, ext, r2t, f2s, ring, num_q = world
+    def run(st: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return flashcompress.compress_forward(st, x, ape, plan, head_dim=H, compress_ratio=128, out=out,
+                                              is_online=online)
+
     eager_state = state.clone()
     with tiling("auto"):
-        want = _forward(eager_state, x, ape, plan)
+        want = run(eager_state)
     g_state = state.clone()
     out = torch.full_like(want, float("nan"))
     with tiling("stream"):
-        warm_state = state.clone()
-        _forward(warm_state, x, ape, plan)  # module load outside the capture
+        run(state.clone())  # module load outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            plan_g = CompressorPrefillPlan.generate(128, rids, seq, ext, r2t, f2s, 256, ring, num_q, True, False)
-            flashcompress.compress_forward(g_state, x, ape, plan_g, head_dim=H, compress_ratio=128, out=out)
+            run(g_state, out)
     for _ in range(2):
         g_state.copy_(state)
+        out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
         _assert_same_bits(out, want, "graph replay output")
         _assert_same_bits(g_state, eager_state, "graph replay state")
+
+
+def test_stream_graph_planner_padded_plan() -> None:
+    """A padded plan of the device (CUDA-graph) planner, a row per token, nearly all invalid,
+    keeps pass 1's grid under tiling "stream" (stream_prefill_fits), captured with the planner."""
+    from flashcompress import CompressorPrefillPlan
+
+    seqs, exts = CASES["mixed"]
+    state, x, ape, _, world = _world(seqs, exts, F32, F32)
+    rids, seq, ext, r2t, f2s, ring, num_q = world
+    seq, ext = seq.cuda(), ext.cuda()
+    pad = 56
+    xp = torch.cat([x, torch.randn((pad, 2 * H), device="cuda")])
+    plan = CompressorPrefillPlan.generate(128, rids, seq, ext, r2t, f2s, 256, ring, num_q + pad, True, False)
+    eager_state = state.clone()
+    with tiling("auto"):
+        want = flashcompress.compress_forward(eager_state, xp, ape, plan, head_dim=H, compress_ratio=128)
+    g_state = state.clone()
+    out = torch.full_like(want, float("nan"))
+    with tiling("stream"):
+        flashcompress.compress_forward(state.clone(), xp, ape, plan, head_dim=H, compress_ratio=128)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            plan_g = CompressorPrefillPlan.generate(128, rids, seq, ext, r2t, f2s, 256, ring, num_q + pad, True, False)
+            flashcompress.compress_forward(g_state, xp, ape, plan_g, head_dim=H, compress_ratio=128, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    _assert_same_bits(out, want, "padded plan output")
+    _assert_same_bits(g_state, eager_state, "padded plan state")
 
 
 def test_stream_decode_is_the_default_decode() -> None:
