@@ -17,6 +17,8 @@ Timing (CUDA)
   time of a few calls, no graph column.
   ``FLASHCOMPRESS_TILING=<tiling>`` (e.g. ``closing``) runs the compress kernels of that
   ``compress`` variant tiling (the header names it); unset: the default tiling.
+  ``--tiling a,b`` times each case under every listed tiling in the same run, side by side
+  (rows of b marked ``[b]``).
 
 Cases (the issue tables' cases)
   * decode, B = 1 / 32 / 128 / 512 requests, context lengths random in [1024, 65536]:
@@ -958,6 +960,9 @@ def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
     ]
     if tiling is not None:
         lines.append(f"compress tiling {tiling!r} (FLASHCOMPRESS_TILING)")
+    if getattr(args, "tilings", [None]) != [None]:
+        lines.append(f"compress tilings side by side: {', '.join(args.tilings)} (--tiling; rows of all but the first "
+                     "marked [tiling])")
     if os.environ.get("FLASHCOMPRESS_DEBUG", "").lower() in ("1", "true", "yes", "on"):
         lines.append("WARNING: FLASHCOMPRESS_DEBUG is set: value checks synchronise; timings are not meaningful")
     return lines
@@ -993,7 +998,12 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
     p.add_argument("--peer", action="store_true",
                    help="also time SGLang's kernels on the same buffers (benchmarks/_peer.py: the SGLang wheel on "
                         "PYTHONPATH or FC_PEER_SGLANG); adds clean, peer and fc/peer columns")
+    p.add_argument("--tiling", default="",
+                   help="comma list of compress variant tilings (auto, whole_row, closing, stream) timed side by "
+                        "side in this run; rows of a tiling other than the first are marked [name] (overrides "
+                        "FLASHCOMPRESS_TILING; unset: that variable's tiling or the default)")
     args = p.parse_args(argv)
+    args.tilings = [t.strip() for t in args.tiling.split(",") if t.strip()] or [None]
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA GPU (use --device cpu for the smoke run)")
     if args.reps is None:
@@ -1003,6 +1013,25 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
         torch.set_num_threads(1)  # a smoke run; one thread avoids oversubscription when run next to others
     args.filters = [f.strip() for f in args.cases.split(",") if f.strip()]
     return args
+
+
+def use_tiling(tiling: str | None, device: torch.device) -> None:
+    """``--tiling``: the CUDA backend's compress_forward / compress_and_store run ``tiling`` from
+    now on (as ``FLASHCOMPRESS_TILING`` does for a whole run); None: leave them as they are."""
+    if tiling is None or device.type != "cuda":
+        return
+    import functools
+
+    from flashcompress.cuda_ops import compress as _cc
+    from flashcompress.cuda_ops import ops as _ops
+
+    _ops.compress_forward = functools.partial(_cc.compress_forward, tiling=tiling)  # type: ignore[assignment]
+    _ops.compress_and_store = functools.partial(_cc.compress_and_store, tiling=tiling)  # type: ignore[assignment]
+
+
+def tiling_label(label: str, tiling: str | None, tilings: Sequence[str | None]) -> str:
+    """``label`` for rows of ``tiling``: unchanged for the first of ``tilings``, else ``label [tiling]``."""
+    return label if tiling == tilings[0] else f"{label} [{tiling}]"
 
 
 def run_cases(cases: Sequence[CaseSpec], bench_case: Callable[[CaseSpec], None], notes: list[str],

@@ -1,6 +1,7 @@
 """compress_forward benchmark: decode and prefill, C4 head 512 / 128, C128 and online C128.
 
     python benchmarks/bench_compress.py [--short] [--cases decode-B512,prefill] [--md PATH] [--device cuda|cpu] [--peer]
+                                        [--tiling auto,stream]   (each tiling's rows side by side)
 
 Cases, timing and input construction: see ``benchmarks/_common.py`` (issue 11's
 measurement: cold = L2 flushed before each call, median; graph = 20 calls in one CUDA
@@ -89,33 +90,40 @@ def main(argv: list[str] | None = None) -> int:
         for name in LAYER_NAMES:
             if not C.matches(args.filters, spec.name, name):
                 continue
-            layer = C.LAYERS[name]
-            b = C.build_bundle(world, layer, C.seed_of(spec.name, name, base=args.seed))
-            calls = [
-                (lambda s=s: compress_forward(b.state, s.inp, b.ape, s.plan, head_dim=layer.head_dim,
-                                              compress_ratio=layer.ratio, out=s.out, is_online=layer.online))
-                for s in b.sets
-            ]
-            nbytes = C.mean_bytes([C.compress_total(C.compress_bytes(layer, s, spec.is_decode)) for s in b.sets])
-            target = TARGETS.get((spec.name, name))
-            if side:
-                fc = C.measure_all(timer, calls)
-                if fc.err:
-                    notes.append(f"{spec.name} {name}: {fc.err}")
-                pe, pcalls = side.time(timer, lambda: [
-                    side.peer.compress_call(layer.ratio, layer.head_dim, layer.online, b.state, s.inp, b.ape, s.out,
-                                            s.plan[1:], spec.is_decode) for s in b.sets], f"{spec.name} {name}")
-                delta = C.peer_delta(calls[0], pcalls[0], [b.sets[0].out], [b.state]) if pcalls else "-"
-                row = C.peer_result_row(timer, spec.name, name, fc, pe, nbytes, target, delta=delta)
-            else:
-                cold, ahead, graph, err = C.measure(timer, calls)
-                if err:
-                    notes.append(f"{spec.name} {name}: {err}")
-                row = C.result_row(timer, spec.name, name, cold, ahead, graph, nbytes, target)
-            print("  " + "  ".join(row), file=sys.stderr, flush=True)
-            rows.append(row)
-            del b, calls
-            C.release(dev)
+            for tiling in args.tilings:
+                C.use_tiling(tiling, dev)
+                bench_layer(spec, world, name, C.tiling_label(name, tiling, args.tilings))
+        C.use_tiling(args.tilings[0], dev)
+
+    def bench_layer(spec: C.CaseSpec, world: object, name: str, shown: str) -> None:
+        """One layer of one case under the current tiling, its rows labelled ``shown``."""
+        layer = C.LAYERS[name]
+        b = C.build_bundle(world, layer, C.seed_of(spec.name, name, base=args.seed))
+        calls = [
+            (lambda s=s: compress_forward(b.state, s.inp, b.ape, s.plan, head_dim=layer.head_dim,
+                                          compress_ratio=layer.ratio, out=s.out, is_online=layer.online))
+            for s in b.sets
+        ]
+        nbytes = C.mean_bytes([C.compress_total(C.compress_bytes(layer, s, spec.is_decode)) for s in b.sets])
+        target = TARGETS.get((spec.name, name))
+        if side:
+            fc = C.measure_all(timer, calls)
+            if fc.err:
+                notes.append(f"{spec.name} {shown}: {fc.err}")
+            pe, pcalls = side.time(timer, lambda: [
+                side.peer.compress_call(layer.ratio, layer.head_dim, layer.online, b.state, s.inp, b.ape, s.out,
+                                        s.plan[1:], spec.is_decode) for s in b.sets], f"{spec.name} {shown}")
+            delta = C.peer_delta(calls[0], pcalls[0], [b.sets[0].out], [b.state]) if pcalls else "-"
+            row = C.peer_result_row(timer, spec.name, shown, fc, pe, nbytes, target, delta=delta)
+        else:
+            cold, ahead, graph, err = C.measure(timer, calls)
+            if err:
+                notes.append(f"{spec.name} {shown}: {err}")
+            row = C.result_row(timer, spec.name, shown, cold, ahead, graph, nbytes, target)
+        print("  " + "  ".join(row), file=sys.stderr, flush=True)
+        rows.append(row)
+        del b, calls
+        C.release(dev)
 
     C.run_cases(C.select_cases(dev, args.short, args.filters, LAYER_NAMES), bench_case, notes, dev)
     return C.finish(args, "bench_compress.py: compress_forward" + (" vs SGLang" if side else ""), head,

@@ -1,6 +1,7 @@
 """Fused ``compress_and_store`` against the two-step compress_forward + compress_norm_rope_store.
 
     python benchmarks/bench_pipeline.py [--short] [--cases prefill,online] [--md PATH] [--device cuda|cpu] [--peer]
+                                        [--tiling auto,stream]   (two-step and fused rows of each tiling)
 
 Same cases, inputs and timing as ``bench_compress.py`` (see ``benchmarks/_common.py``).
 Layer kinds and their stores: C4 main KV (head 512, V4 at page 64), C4 indexer (head
@@ -105,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
             target = TARGETS.get((spec.name, label))
             measured: dict[str, C.Timing] = {}
             first: dict[str, object] = {}
-            for path, fn in (("two-step", two_step), ("fused", fused)):
+            runs = [(C.tiling_label(path, tiling, args.tilings), fn, tiling) for tiling in args.tilings
+                    for path, fn in (("two-step", two_step), ("fused", fused))]
+            tiling_of = {path: tiling for path, _, tiling in runs}
+            for path, fn, tiling in runs:
+                C.use_tiling(tiling, dev)
                 calls = [(lambda s=s, fn=fn: fn(s)) for s in b.sets]
                 first[path] = calls[0]
                 if side:
@@ -116,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 if t.err:
                     notes.append(f"{spec.name} {label} {path}: {t.err}")
                 measured[path] = t
+            C.use_tiling(args.tilings[0], dev)
             pe = None
             if side:
                 def peer_calls() -> list:
@@ -133,7 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             for path, t in measured.items():
                 speedup = f"{two_cold / t.cold:.2f}" if two_cold and t.cold and path != "two-step" else ""
                 if side:
+                    C.use_tiling(tiling_of[path], dev)
                     delta = C.peer_delta(first[path], pcalls[0], [cache], [b.state]) if pcalls else "-"
+                    C.use_tiling(args.tilings[0], dev)
                     row = C.peer_result_row(timer, spec.name, label, t, pe, nbytes, target, extra=(path,),
                                             tail=(speedup,), show_target=path != "two-step", delta=delta)
                 else:

@@ -26,8 +26,10 @@ enum class DType : int { kF32 = 0, kBF16 = 1 };
 // targets without clusters always do). kClosing is kAuto except for C128 / online C128 decode:
 // one grid for every batch size where only window-closing requests pool and the other requests'
 // row copies are spread over all blocks (compress_decode_closing.cuh), and the online decode's
-// shortened per-channel chain (compress_decode.cuh).
-enum class Tiling : int { kAuto = 0, kWholeRow = 1, kClosing = 2 };
+// shortened per-channel chain (compress_decode.cuh). kStream is kAuto except for the C128 /
+// online C128 prefill compress pass of compress_forward: the persistent streaming kernel
+// (compress_stream.cuh, CUDA sm_90+; the same bits).
+enum class Tiling : int { kAuto = 0, kWholeRow = 1, kClosing = 2, kStream = 3 };
 
 struct CompressArgs {
   void* state;              // flat state pool [state_rows, width], TState
