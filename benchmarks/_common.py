@@ -15,10 +15,9 @@ Timing (CUDA)
     run; GB/s counts read + write.  ``% copy`` = the op's GB/s over this number.
   On the CPU (``--device cpu``) everything is a smoke run: tiny sizes, the median wall
   time of a few calls, no graph column.
-  ``FLASHCOMPRESS_TILING=<tiling>`` (e.g. ``closing``) runs the compress kernels of that
-  ``compress`` variant tiling (the header names it); unset: the default tiling.
-  ``--tiling a,b`` times each case under every listed tiling in the same run, side by side
-  (rows of b marked ``[b]``).
+  ``--tiling a,b`` times each case under every listed ``compress`` variant tiling in the same
+  run, side by side (rows of b marked ``[b]``; ``cuda_ops.compress.set_tiling``, which the
+  eager fast path follows).
 
 Cases (the issue tables' cases)
   * decode, B = 1 / 32 / 128 / 512 requests, context lengths random in [1024, 65536]:
@@ -922,32 +921,9 @@ def device_name(device: torch.device) -> str:
     return f"cpu ({os.cpu_count()} cores)"
 
 
-_TILING: str | None = None
-
-
-def use_tiling_from_env() -> str | None:
-    """``FLASHCOMPRESS_TILING=<tiling>`` (a ``compress`` variant tiling, e.g. ``closing``): the
-    CUDA backend's compress_forward / compress_and_store run that tiling. Returns it (None: unset).
-    The variable is taken out of the environment (it is no library setting, which would warn)."""
-    global _TILING
-    if "FLASHCOMPRESS_TILING" in os.environ:
-        _TILING = os.environ.pop("FLASHCOMPRESS_TILING") or None
-    tiling = _TILING
-    if tiling is not None:
-        import functools
-
-        from flashcompress.cuda_ops import compress as _cc
-        from flashcompress.cuda_ops import ops as _ops
-
-        _ops.compress_forward = functools.partial(_cc.compress_forward, tiling=tiling)  # type: ignore[assignment]
-        _ops.compress_and_store = functools.partial(_cc.compress_and_store, tiling=tiling)  # type: ignore[assignment]
-    return tiling
-
-
 def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
     from flashcompress.jit.settings import jit_enabled_for
 
-    tiling = use_tiling_from_env()
     backend = "jit" if jit_enabled_for(timer.device) else "torch"
     lines = [
         f"{script}: {device_name(timer.device)}, torch {torch.__version__}, commit {git_commit()}, "
@@ -958,8 +934,6 @@ def header(script: str, timer: Timer, args: argparse.Namespace) -> list[str]:
                                            if timer.cuda else " wall times (CPU smoke run)")
         + f"; rotating input sets: {args.sets} per decode case, {min(args.sets, 2)} per prefill case",
     ]
-    if tiling is not None:
-        lines.append(f"compress tiling {tiling!r} (FLASHCOMPRESS_TILING)")
     if getattr(args, "tilings", [None]) != [None]:
         lines.append(f"compress tilings side by side: {', '.join(args.tilings)} (--tiling; rows of all but the first "
                      "marked [tiling])")
@@ -1000,8 +974,8 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
                         "PYTHONPATH or FC_PEER_SGLANG); adds clean, peer and fc/peer columns")
     p.add_argument("--tiling", default="",
                    help="comma list of compress variant tilings (auto, whole_row, closing, stream) timed side by "
-                        "side in this run; rows of a tiling other than the first are marked [name] (overrides "
-                        "FLASHCOMPRESS_TILING; unset: that variable's tiling or the default)")
+                        "side in this run; rows of a tiling other than the first are marked [name] (unset: the "
+                        "default tiling)")
     args = p.parse_args(argv)
     args.tilings = [t.strip() for t in args.tiling.split(",") if t.strip()] or [None]
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -1016,17 +990,13 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
 
 
 def use_tiling(tiling: str | None, device: torch.device) -> None:
-    """``--tiling``: the CUDA backend's compress_forward / compress_and_store run ``tiling`` from
-    now on (as ``FLASHCOMPRESS_TILING`` does for a whole run); None: leave them as they are."""
+    """``--tiling``: the public ops run the CUDA compress kernels of ``tiling`` from now on
+    (``cuda_ops.compress.set_tiling``, followed by the eager fast path); None: leave it as it is."""
     if tiling is None or device.type != "cuda":
         return
-    import functools
-
     from flashcompress.cuda_ops import compress as _cc
-    from flashcompress.cuda_ops import ops as _ops
 
-    _ops.compress_forward = functools.partial(_cc.compress_forward, tiling=tiling)  # type: ignore[assignment]
-    _ops.compress_and_store = functools.partial(_cc.compress_and_store, tiling=tiling)  # type: ignore[assignment]
+    _cc.set_tiling(tiling)
 
 
 def tiling_label(label: str, tiling: str | None, tilings: Sequence[str | None]) -> str:

@@ -385,3 +385,25 @@ def test_compress_forward_without_out(allocates: bool, gpu_like: Backend) -> Non
     else:
         assert args[4] is got and got.shape == (2, H) and got.dtype == kw["kv_score_input"].dtype
     assert args[3] is kw["plan"][1] and gpu_like.ran == []
+
+
+def test_set_tiling_switches_the_fast_path_too() -> None:
+    """``cuda_ops.compress.set_tiling`` is the one process-wide design switch: it forgets the fast
+    path's memoised compress bindings (learnt under the old tiling), rejects unknown names and is
+    what ``current_tiling`` reports."""
+    from flashcompress import fastpath
+    from flashcompress.cuda_ops import compress as cc
+
+    saved = cc.current_tiling()
+    try:
+        cc.set_tiling("auto")
+        fastpath.COMPRESS[("probe",)] = (object(), False)
+        fastpath.FUSED[("probe",)] = object()
+        cc.set_tiling("closing")
+        assert cc.current_tiling() == "closing"
+        assert ("probe",) not in fastpath.COMPRESS and ("probe",) not in fastpath.FUSED
+        with pytest.raises(ValueError, match="tiling"):
+            cc.set_tiling("fastest")
+        assert cc.current_tiling() == "closing"
+    finally:
+        cc.set_tiling(saved)

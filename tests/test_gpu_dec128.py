@@ -25,7 +25,6 @@ Run: ``pytest -m gpu tests/test_gpu_dec128.py``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import pytest
 import torch
@@ -45,17 +44,14 @@ TILING = "closing"
 
 
 @pytest.fixture()
-def use_tiling(monkeypatch: pytest.MonkeyPatch):
-    """``use_tiling(t)``: the public ops run the CUDA compress kernels of tiling ``t`` (the
-    benchmarks' FLASHCOMPRESS_TILING switch, undone after the test)."""
+def use_tiling():
+    """``use_tiling(t)``: the public ops (the eager fast path included) run the CUDA compress
+    kernels of tiling ``t`` (``cuda_ops.compress.set_tiling``, undone after the test)."""
     from flashcompress.cuda_ops import compress as cc
-    from flashcompress.cuda_ops import ops
 
-    def use(tiling: str) -> None:
-        monkeypatch.setattr(ops, "compress_forward", functools.partial(cc.compress_forward, tiling=tiling))
-        monkeypatch.setattr(ops, "compress_and_store", functools.partial(cc.compress_and_store, tiling=tiling))
-
-    return use
+    saved = cc.current_tiling()
+    yield cc.set_tiling
+    cc.set_tiling(saved)
 
 
 def _seq_lens(B: int, closing: str, g: torch.Generator) -> torch.Tensor:

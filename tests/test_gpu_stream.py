@@ -60,19 +60,15 @@ def _assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
 
 @contextlib.contextmanager
 def tiling(name: str) -> Iterator[None]:
-    """Calls through the public API run the compress variants of tiling ``name``."""
-    import functools
-
+    """Calls through the public API (fast path included) run the compress variants of tiling ``name``."""
     from flashcompress.cuda_ops import compress as cc
-    from flashcompress.cuda_ops import ops
 
-    saved = ops.compress_forward, ops.compress_and_store
-    ops.compress_forward = functools.partial(cc.compress_forward, tiling=name)
-    ops.compress_and_store = functools.partial(cc.compress_and_store, tiling=name)
+    saved = cc.current_tiling()
+    cc.set_tiling(name)
     try:
         yield
     finally:
-        ops.compress_forward, ops.compress_and_store = saved
+        cc.set_tiling(saved)
 
 
 @contextlib.contextmanager

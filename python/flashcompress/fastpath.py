@@ -17,6 +17,9 @@ Python checks find nothing (a case the full path handles by converting an argume
 ``norm_weight`` of another dtype, a strided ``freq_cis``), runs the call there, where the binding
 raises again if the arguments really are wrong.
 
+The compress bindings are those of the process-wide tiling (``cuda_ops.compress.current_tiling``;
+``set_tiling`` empties ``COMPRESS`` / ``FUSED``).
+
 Covered: ``compress_forward`` and ``compress_and_store`` of decode plans, every
 ``compress_norm_rope_store``, ``CompressorDecodePlan.generate`` / ``generate_online``.  Where the
 call returns new rows (a plan; ``compress_forward`` with ``out=None``) the binding allocates them
@@ -228,7 +231,7 @@ def remember_compress(call: Any, plan: Any, head_dim: int, ratio: int, online: b
         if key not in COMPRESS:
             out_dtype = inp.dtype if out is None else out.dtype
             module = cc._module(layer.ratio, layer.online, layer.head_dim, inp.dtype, pool.dtype, out_dtype, "none",
-                                "auto")
+                                cc.current_tiling())
             entry = (_no_gil(module.compress_decode), False)
             if out is None:  # probe the allocating export on zero-row views: allocates and launches nothing
                 alloc = _no_gil(module.compress_decode_alloc)
@@ -244,7 +247,7 @@ def remember_compress(call: Any, plan: Any, head_dim: int, ratio: int, online: b
            st.page_size)
     if key not in FUSED:
         module = cc._module(layer.ratio, layer.online, layer.head_dim, inp.dtype, pool.dtype, inp.dtype, fmt.name,
-                            "auto")
+                            cc.current_tiling())
         FUSED[key] = _no_gil(module.compress_store_decode)
 
 

@@ -20,8 +20,10 @@ Variant parameters::
                 grid streaming window slices into a shared-memory ring by bulk copies, sm_90;
                 ``compress_and_store`` prefill of such a layer runs it, then the store kernel)
 
-``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword (default "auto"), so a
-test can run every tiling on one GPU.
+``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword, so a test can run
+every tiling on one GPU; without it they run the process-wide tiling of ``set_tiling`` (default
+"auto"), which the public ops' eager fast path (``flashcompress.fastpath``) follows too: A/B
+benchmarks switch designs with it.
 
 A store variant rounds each compressed row to the input dtype (``out_dtype ==
 in_dtype``, the dtype of the two-step path's intermediate) before the store.
@@ -46,7 +48,7 @@ from ..jit.models import model_config
 from ..validation import CompressCall
 from .store import freq_table
 
-__all__ = ["COMPRESS", "compress_and_store", "compress_forward"]
+__all__ = ["COMPRESS", "compress_and_store", "compress_forward", "current_tiling", "set_tiling"]
 
 _DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
@@ -156,10 +158,38 @@ def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: to
     return module
 
 
-def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str = "auto") -> None:
+_TILINGS = ("auto", "whole_row", "closing", "stream")
+_TILING = "auto"
+
+
+def set_tiling(tiling: str) -> None:
+    """Make ``tiling`` the one the public ops run from now on in this process (default "auto").
+
+    For A/B runs of kernel designs (``benchmarks/ --tiling``); the fast path's memoised
+    bindings are forgotten so that it follows."""
+    global _TILING
+    if tiling not in _TILINGS:
+        raise ValueError(f"tiling: expected one of {', '.join(_TILINGS)}, got {tiling!r}")
+    if tiling != _TILING:
+        from .. import fastpath
+
+        _TILING = tiling
+        fastpath.COMPRESS.clear()
+        fastpath.FUSED.clear()
+
+
+def current_tiling() -> str:
+    """The tiling ``set_tiling`` chose ("auto" unless changed)."""
+    return _TILING
+
+
+def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str | None = None) -> None:
     """Pool windows into ``out`` and update the state pool (decode: ``call.plan_w`` is None).
 
-    The binding takes the pool as passed (flat or paged view: no view made here)."""
+    The binding takes the pool as passed (flat or paged view: no view made here); ``tiling``
+    None: ``current_tiling()``."""
+    if tiling is None:
+        tiling = _TILING
     layer, pool, inp, ape, plan_rows, plan_w = call.layer, call.pool, call.inp, call.ape, call.plan_rows, call.plan_w
     in_dtype = inp.dtype
     if ape.dtype is not in_dtype:
@@ -174,12 +204,14 @@ def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str = "auto"
         module.compress(pool, inp, ape, plan_rows, plan_w, out, False)
 
 
-def compress_and_store(call: CompressCall, tiling: str = "auto") -> None:
+def compress_and_store(call: CompressCall, tiling: str | None = None) -> None:
     """Pool windows, update the state pool and store each compressed row into ``kvcache``: the
     compress kernel with the store epilogue (decode: one launch; prefill: the pooling pass, which
     stores, then the state write pass). Tiling "stream", C128 / online C128 prefill: the streaming
     compress pass into a scratch buffer, the write pass, then the store kernel (the two-step
-    path's launches and bytes)."""
+    path's launches and bytes). ``tiling`` None: ``current_tiling()``."""
+    if tiling is None:
+        tiling = _TILING
     if tiling == "stream" and call.plan_w is not None and call.layer.ratio == 128:
         _stream_then_store(call)
         return
