@@ -64,17 +64,17 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kT
     if constexpr (kRatio == 4) {
       return launch_decode_c4<C>(a, stream);
     } else {
-      // C128 (clusters available), small batches: one block per (request, 64-channel slice).
-      // Larger batches, online C128 and the whole-row tiling: teams that walk as many requests as
-      // make the grid one wave of resident blocks; most requests close no window and cost only
-      // their row copy, which the per-slice grid pays with a whole block each.
-      // Tiling::kClosing: one grid at every batch size, pooling only the closing requests.
+      // C128 (clusters available), small batches: one block per (request, 64-channel slice);
+      // larger batches: one wave of blocks that pool only the closing requests and spread the
+      // other requests' row copies over the grid (Tiling::kClosing: that kernel at every batch
+      // size). Online C128 and the whole-row tiling: teams that walk as many requests as make
+      // the grid one wave of resident blocks.
+      if constexpr (kC128Burst<C>) {
+        if (!C::kClosingTiling && a.rows <= kC128BurstMaxRows) return launch_decode_c128<C>(a, stream);
+      }
       if constexpr (kC128Closing<C>) {
         return launch_decode_closing<C>(a, stream);
       } else {
-        if constexpr (kC128Burst<C>) {
-          if (a.rows <= kC128BurstMaxRows) return launch_decode_c128<C>(a, stream);
-        }
         constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
         const int64_t resident = KernelOccupancy<decode_kernel<C>>::resident(C::kThreads, kCluster);
         if (resident <= 0) return static_cast<gpuError_t>(-resident);

@@ -63,8 +63,11 @@ struct Cfg {
   static constexpr bool kWide = kRatio == 128 && !kOnlineDecode;
   // One block per C128 row without clusters, stored or not: both paths pool in one order.
   static constexpr bool kWholeRow = (!kHasClusters || kTiling == Tiling::kWholeRow) && kWide;
-  // Tiling::kClosing: decode-only kernels (the rest of the tiling is kAuto's).
+  // Tiling::kClosing: decode-only kernels (the rest of the tiling is kAuto's): the closing-list
+  // C128 decode at every batch size. kAuto runs the same designs (kClosingDecode) except for
+  // regular C128 batches of <= kC128BurstMaxRows requests, which take the per-slice kernel.
   static constexpr bool kClosingTiling = kTiling == Tiling::kClosing;
+  static constexpr bool kClosingDecode = kClosingTiling || kTiling == Tiling::kAuto;
   // C128 / online prefill over several blocks per row: 2 channels per thread (8-byte loads), so
   // a thread's 8 entries (kv, score, bias: 48 registers) are loaded in one burst under the
   // 64-register cap of two 512-thread blocks per SM.

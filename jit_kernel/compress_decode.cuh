@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(C::kThreads, C::kMinBlocks) decode_kernel(cons
   const int64_t last = first + a.reqs_per_team < a.rows ? first + a.reqs_per_team : a.rows;
   // Online rows under Tiling::kClosing (online_decode_row): the store's weight blocks are staged
   // with the team's first emitting row, not by every team (most teams emit nothing).
-  constexpr bool kShortOnline = C::kOnline && C::kClosingTiling;
+  constexpr bool kShortOnline = C::kOnline && C::kClosingDecode;
   bool invariants_pending = kShortOnline;
   if constexpr (!kShortOnline) stage_invariants<C>(a, sm, team, u);
   async_commit();

@@ -49,7 +49,7 @@ namespace compress {
 // The variants this kernel runs (the others: decode_kernel / decode_kernel_c128).
 template <class C>
 inline constexpr bool kC128Closing = C::kDecode && C::kRatio == 128 && !C::kOnline && !C::kWholeRow &&
-                                     C::kClosingTiling;
+                                     C::kClosingDecode;
 
 #if FC_GPU_HIP
 // No clusters on HIP: every C128 variant tiles whole rows there (Cfg::kWholeRow), so this kernel
