@@ -5,7 +5,6 @@
 //   compress_epilogue.cuh  store epilogue                   compress_decode.cuh    online / whole-row decode
 //   compress_decode_c4.cuh C4 decode kernel                 compress_decode_c128.cuh  C128 decode (clusters)
 //   compress_prefill.cuh   prefill passes 1 and 2      compress_decode_closing.cuh  C128 decode, Tiling::kClosing
-//   compress_stream.cuh    streaming C128 / online C128 prefill pass 1, Tiling::kStream
 //   (design notes: docs/kernel-design.md)
 //
 // Tensors (H = head dim, W = window = 8 for ratio 4 / 128 for ratio 128; all contiguous):
@@ -38,7 +37,6 @@
 #include "compress_decode_closing.cuh"
 #include "compress_launch.h"
 #include "compress_prefill.cuh"
-#include "compress_stream.cuh"
 #include "gpu_runtime.h"
 #include "launch.h"
 
@@ -88,17 +86,8 @@ gpuError_t CompressLaunch<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kT
   }
   using C = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kPrefill>;
   constexpr unsigned kCluster = C::kCluster ? C::kCSplit : 1;
-  bool streamed = false;  // Tiling::kStream: the streaming pass 1 (same bits) for dense plans
-  gpuError_t err = gpuSuccess;
-  if constexpr (kTiling == Tiling::kStream && kStreamable<C>) {
-    if (stream_prefill_fits(a)) {
-      err = launch_stream_prefill<C>(a, stream);
-      streamed = true;
-    }
-  }
-  if (!streamed) {
-    err = launch_kernel(prefill_kernel<C>, {row_grid<C>(a.rows, 1), C::kThreads, 0, kCluster, kPdlLaunch}, stream, a);
-  }
+  gpuError_t err = launch_kernel(prefill_kernel<C>, {row_grid<C>(a.rows, 1), C::kThreads, 0, kCluster, kPdlLaunch},
+                                 stream, a);
   if (err != gpuSuccess) return err;
   if constexpr (kOnline) {
     using CW = Cfg<kRatio, kOnline, kHeadDim, kIn, kState, kOut, kFmt, kTiling, Pass::kOnlineWrite>;

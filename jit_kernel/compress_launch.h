@@ -23,13 +23,10 @@ enum class DType : int { kF32 = 0, kBF16 = 1 };
 
 // How a C128 row is split over blocks: kAuto uses thread block clusters where the target has
 // them (sm_90+: 8 / 4 blocks per row), kWholeRow pools every row in one 512-thread block (what
-// targets without clusters always do). kClosing is kAuto except for C128 / online C128 decode:
-// one grid for every batch size where only window-closing requests pool and the other requests'
-// row copies are spread over all blocks (compress_decode_closing.cuh), and the online decode's
-// shortened per-channel chain (compress_decode.cuh). kStream is kAuto except for the C128 /
-// online C128 prefill compress pass of compress_forward: the persistent streaming kernel
-// (compress_stream.cuh, CUDA sm_90+; the same bits).
-enum class Tiling : int { kAuto = 0, kWholeRow = 1, kClosing = 2, kStream = 3 };
+// targets without clusters always do); kAuto's C128 decode of more than 128 requests is one grid
+// where only window-closing requests pool and the other requests' row copies are spread over
+// all blocks (compress_decode_closing.cuh). kClosing is kAuto with that grid at every batch size.
+enum class Tiling : int { kAuto = 0, kWholeRow = 1, kClosing = 2 };
 
 struct CompressArgs {
   void* state;              // flat state pool [state_rows, width], TState

@@ -14,11 +14,9 @@ Variant parameters::
     store       "none" (compress_forward) | "v4" | "bf16" (head 512) | "idx_fp8" | "idx_fp4" (head 128)
     tiling      "auto" (thread block clusters for C128 rows where the target has them) |
                 "whole_row" (one 512-thread block per C128 row, as on targets without clusters) |
-                "closing" ("auto", but C128 / online C128 decode: one grid that pools only the
-                window-closing requests, copies spread over all blocks; a shorter online chain) |
-                "stream" (as "auto", except the C128 / online C128 prefill compress pass: a persistent
-                grid streaming window slices into a shared-memory ring by bulk copies, sm_90;
-                ``compress_and_store`` prefill of such a layer runs it, then the store kernel)
+                "closing" ("auto", but the C128 decode of every batch size by the grid that pools
+                only the window-closing requests, copies spread over all blocks: "auto" uses it
+                for batches of more than 128 requests, one block per (request, slice) below)
 
 ``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword, so a test can run
 every tiling on one GPU; without it they run the process-wide tiling of ``set_tiling`` (default
@@ -130,7 +128,7 @@ COMPRESS = register_family(
             "state_dtype": ("f32", "bf16"),
             "out_dtype": ("f32", "bf16"),
             "store": ("none", "v4", "idx_fp8", "idx_fp4", "bf16"),
-            "tiling": ("auto", "whole_row", "closing", "stream"),
+            "tiling": ("auto", "whole_row", "closing"),
         },
         defaults={"tiling": "auto"},
         warmup=_warmup,
@@ -158,7 +156,7 @@ def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: to
     return module
 
 
-_TILINGS = ("auto", "whole_row", "closing", "stream")
+_TILINGS = ("auto", "whole_row", "closing")
 _TILING = "auto"
 
 
@@ -207,14 +205,9 @@ def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str | None =
 def compress_and_store(call: CompressCall, tiling: str | None = None) -> None:
     """Pool windows, update the state pool and store each compressed row into ``kvcache``: the
     compress kernel with the store epilogue (decode: one launch; prefill: the pooling pass, which
-    stores, then the state write pass). Tiling "stream", C128 / online C128 prefill: the streaming
-    compress pass into a scratch buffer, the write pass, then the store kernel (the two-step
-    path's launches and bytes). ``tiling`` None: ``current_tiling()``."""
+    stores, then the state write pass). ``tiling`` None: ``current_tiling()``."""
     if tiling is None:
         tiling = _TILING
-    if tiling == "stream" and call.plan_w is not None and call.layer.ratio == 128:
-        _stream_then_store(call)
-        return
     layer, pool, inp, ape, plan_rows, plan_w, st = (call.layer, call.pool, call.inp, call.ape, call.plan_rows,
                                                     call.plan_w, call.store)
     in_dtype = inp.dtype
@@ -233,13 +226,3 @@ def compress_and_store(call: CompressCall, tiling: str | None = None) -> None:
     module.compress_store(pool, inp, ape, plan_rows, plan_rows if is_decode else plan_w, norm_weight,
                           freq_table(st.freq_cis), st.out_loc, st.kvcache, st.norm_eps, st.page_size, is_decode)
 
-
-def _stream_then_store(call: CompressCall) -> None:
-    """``compress_and_store`` of a C128 / online C128 prefill under tiling "stream": ``compress_forward``
-    into rows of the input dtype, then ``compress_norm_rope_store`` (three launches)."""
-    from ..validation import StoreCall
-    from .store import compress_norm_rope_store
-
-    kv = torch.empty((call.plan_rows.shape[0], call.layer.head_dim), dtype=call.inp.dtype, device=call.inp.device)
-    compress_forward(call, kv, tiling="stream")
-    compress_norm_rope_store(StoreCall(kv, call.plan_rows, False, call.layer.ratio, call.store, call.device))
