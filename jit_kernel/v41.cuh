@@ -50,6 +50,10 @@
 #include "v41_launch.h"
 #include "v41_quant.cuh"
 
+#ifndef FC_V41_FAST_C2_MIN_BLOCKS
+#define FC_V41_FAST_C2_MIN_BLOCKS 4
+#endif
+
 namespace flashcompress {
 namespace v41 {
 
@@ -64,6 +68,10 @@ inline constexpr float kScaleMin = 0.001953125f;     // 2^-9
 inline constexpr float kAmaxFloor = 1e-4f;
 inline constexpr float kStage1Floor = 6.0f * 1.17549435e-38f;  // 6 * 2^-126 (exact)
 inline constexpr uint32_t kV41MinExponent = 114;
+// Fast design: at most 4 warps per block; c2 capped at 128 registers (4 such blocks per SM), which
+// keeps its 16 fp64 exps per lane from taking 200+ registers.
+inline constexpr int kFastMaxThreads = 128;
+inline constexpr int kFastC2MinBlocks = FC_V41_FAST_C2_MIN_BLOCKS;
 
 template <V41Layout kLayout>
 struct LayoutTraits {
@@ -105,6 +113,48 @@ __device__ __forceinline__ void load_f32x8(const float* p, float (&x)[8]) {
 __device__ __forceinline__ void store_f32x8(float* p, const float (&x)[8]) {
   *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
   *reinterpret_cast<float4*>(p + 4) = make_float4(x[4], x[5], x[6], x[7]);
+}
+
+// Loads that stay where the source puts them (volatile asm: not sunk past a branch or a use), so
+// that a row's independent loads leave in one burst. Plain weak global loads, as the others.
+__device__ __forceinline__ uint4 ld_u32x4_now(const void* p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ int64_t ld_index_now(const void* p, bool i64, int64_t i) {
+  int64_t v;
+  if (i64) {
+    asm volatile("ld.volatile.global.s64 %0, [%1];" : "=l"(v) : "l"(static_cast<const int64_t*>(p) + i));
+  } else {
+    int32_t w;
+    asm volatile("ld.volatile.global.s32 %0, [%1];" : "=r"(w) : "l"(static_cast<const int32_t*>(p) + i));
+    v = w;
+  }
+  return v;
+}
+
+__device__ __forceinline__ int64_t ld_i64_now(const int64_t* p) {
+  int64_t v;
+  asm volatile("ld.volatile.global.s64 %0, [%1];" : "=l"(v) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void bf16x8_now(const uint16_t* p, float (&x)[8]) {
+  const uint4 v = ld_u32x4_now(p);
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = quant::bits_float(w[i] << 16);
+    x[2 * i + 1] = quant::bits_float(w[i] & 0xFFFF0000u);
+  }
+}
+
+__device__ __forceinline__ void f32x8_now(const float* p, float (&x)[8]) {
+  const uint4 a = ld_u32x4_now(p), b = ld_u32x4_now(p + 4);
+  x[0] = __uint_as_float(a.x), x[1] = __uint_as_float(a.y), x[2] = __uint_as_float(a.z), x[3] = __uint_as_float(a.w);
+  x[4] = __uint_as_float(b.x), x[5] = __uint_as_float(b.y), x[6] = __uint_as_float(b.z), x[7] = __uint_as_float(b.w);
 }
 
 __device__ __forceinline__ float abs_max8(const float (&x)[8]) {
@@ -154,11 +204,18 @@ __device__ __forceinline__ float torch_warp_partial(const float (&x)[8]) {
   return __fadd_rn(__fadd_rn(t[0], t[2]), __fadd_rn(t[1], t[3]));
 }
 
-// latent = bf16((x * nf) * w) of a 512-dim row held as x[h][j] = dim 256 h + 8 lane + j.
-__device__ __forceinline__ void rms_norm_row(float (&x)[2][8], const uint16_t* weight, float eps, int lane) {
-  float w[2][8];
+__device__ __forceinline__ void load_weight(const uint16_t* weight, int lane, float (&w)[2][8]) {
   load_bf16x8(weight + 8 * lane, w[0]);
   load_bf16x8(weight + 256 + 8 * lane, w[1]);
+}
+
+__device__ __forceinline__ void weight_now(const uint16_t* weight, int lane, float (&w)[2][8]) {
+  bf16x8_now(weight + 8 * lane, w[0]);
+  bf16x8_now(weight + 256 + 8 * lane, w[1]);
+}
+
+// latent = bf16((x * nf) * w) of a 512-dim row held as x[h][j] = dim 256 h + 8 lane + j (w likewise).
+__device__ __forceinline__ void rms_norm_row(float (&x)[2][8], const float (&w)[2][8], float eps) {
   const float p0 = torch_warp_partial(x[0]), p1 = torch_warp_partial(x[1]);
   float ss = shfl_idx(p0, 0, 32);
 #pragma unroll
@@ -171,6 +228,12 @@ __device__ __forceinline__ void rms_norm_row(float (&x)[2][8], const uint16_t* w
 #pragma unroll
     for (int j = 0; j < 8; ++j) x[h][j] = quant::bf16_round(__fmul_rn(__fmul_rn(x[h][j], nf), w[h][j]));
   }
+}
+
+__device__ __forceinline__ void rms_norm_row(float (&x)[2][8], const uint16_t* weight, float eps, int lane) {
+  float w[2][8];
+  load_weight(weight, lane, w);
+  rms_norm_row(x, w, eps);
 }
 
 struct Slot {
@@ -190,16 +253,41 @@ __device__ __forceinline__ uint32_t kv_scale_code(float raw) {
   return quant::e4m3_code(fminf(fmaxf(raw, kScaleMin), quant::kE4m3Max));
 }
 
+// u / s for a bf16-exact u and an e4m3 scale s in [2^-9, 448] (r = rn(1 / s)): the IEEE division
+// (base design) or v41q::div_by (fast design: two FMAs, the same e2m1 code for every such pair).
+template <bool kFast>
+__device__ __forceinline__ float scale_quotient(float u, float s, float r) {
+  if constexpr (kFast) {
+    return v41q::div_by(u, s, r);
+  } else {
+    (void)r;
+    return __fdiv_rn(u, s);
+  }
+}
+
+template <bool kFast>
+__device__ __forceinline__ float scale_recip(float s) {
+  if constexpr (kFast) {
+    return v41q::recip_e4m3(s);
+  } else {
+    (void)s;
+    return 0.0f;
+  }
+}
+
 // Fake quantisation (spec §2.2) of the rotated row u, in place: q = e2m1(u / S + 0) * S.
+template <bool kFast>
 __device__ __forceinline__ void fake_quant_row(float (&u)[2][8]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float amax = lanes_max<2>(abs_max8(u[h]));
     const float s = v41q::e4m3_value(kv_scale_code(__fmul_rn(amax, kInvSix)));
+    const float r = scale_recip<kFast>(s);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float quotient = __fadd_rn(__fdiv_rn(u[h][j], s), 0.0f);
-      u[h][j] = __fmul_rn(v41q::e2m1_value(v41q::e2m1_rne(quotient)), s);
+      const float quotient = __fadd_rn(scale_quotient<kFast>(u[h][j], s, r), 0.0f);
+      const float grid = kFast ? v41q::e2m1_grid(quotient) : v41q::e2m1_value(v41q::e2m1_rne(quotient));
+      u[h][j] = __fmul_rn(grid, s);
     }
   }
 }
@@ -212,18 +300,20 @@ __device__ __forceinline__ uint64_t fp8x8(const float (&x)[8], float inv) {
 
 // Encode and store the rotated row u (fp4 layouts) or its fake-quantised q (the others) at `slot`.
 // Every lane of the warp must call it (the scale reductions shuffle).
-template <V41Layout kLayout>
+template <V41Layout kLayout, bool kFast>
 __device__ __forceinline__ void encode_store(float (&u)[2][8], const Slot& slot, int lane) {
   using T = LayoutTraits<kLayout>;
   if constexpr (T::kFp4) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float amax = lanes_max<2>(abs_max8(u[h]));
-      const uint32_t code = kv_scale_code(__fdiv_rn(amax, quant::kE2m1Max));
+      const float amax = lanes_max<2>(abs_max8(u[h]));  // bf16-exact, as u
+      const uint32_t code =
+          kv_scale_code(scale_quotient<kFast>(amax, quant::kE2m1Max, scale_recip<kFast>(quant::kE2m1Max)));
       const float s = v41q::e4m3_value(code);
+      const float r = scale_recip<kFast>(s);
       uint32_t word = 0;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) word |= v41q::e2m1_rne(__fdiv_rn(u[h][j], s)) << (4 * j);
+      for (int j = 0; j < 8; ++j) word |= v41q::e2m1_rne(scale_quotient<kFast>(u[h][j], s, r)) << (4 * j);
       *reinterpret_cast<uint32_t*>(slot.data + 128 * h + 4 * lane) = word;
       // block 16 h + lane / 2; lanes 8 g gather the four blocks of their 8-lane group
       const uint32_t c2 = shfl_idx(code, (lane + 2) & 31, 32), c4 = shfl_idx(code, (lane + 4) & 31, 32),
@@ -233,7 +323,7 @@ __device__ __forceinline__ void encode_store(float (&u)[2][8], const Slot& slot,
       }
     }
   } else {
-    fake_quant_row(u);
+    fake_quant_row<kFast>(u);
     if constexpr (T::kFp8Tiles) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -286,7 +376,25 @@ __device__ __forceinline__ void finish_row(float (&x)[2][8], const V41Args& a, i
     load_f32x8(a.freq + rope_pos * 64 + 8 * (lane - 24), cs);
     rope8(x[1], cs);
   }
-  encode_store<kLayout>(x, slot_at(a.paging, loc), lane);
+  encode_store<kLayout, false>(x, slot_at(a.paging, loc), lane);
+}
+
+// Fast design: the RoPE row `cs` (lanes 24..31) was loaded with the row's other operands.
+template <V41Layout kLayout>
+__device__ __forceinline__ void finish_row_loaded(float (&x)[2][8], const float (&cs)[8], const V41Args& a,
+                                                  int64_t row, int64_t loc, int lane) {
+  store_bf16x8(a.out + row * kDim + 8 * lane, x[0]);
+  store_bf16x8(a.out + row * kDim + 256 + 8 * lane, x[1]);
+  if (loc < 0) return;  // warp-uniform
+  if (lane >= 24) rope8(x[1], cs);
+  encode_store<kLayout, true>(x, slot_at(a.paging, loc), lane);
+}
+
+// The RoPE operands of lanes 24..31 for table row `rope_pos` (nothing loaded when !live).
+__device__ __forceinline__ void load_rope(const V41Args& a, int64_t rope_pos, bool live, int lane, float (&cs)[8]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) cs[j] = 0.0f;
+  if (live && lane >= 24) load_f32x8(a.freq + rope_pos * 64 + 8 * (lane - 24), cs);
 }
 
 template <V41Layout kLayout>
@@ -303,6 +411,28 @@ __global__ void __launch_bounds__(kThreads) c1_kernel(const V41Args a) {
   load_bf16x8(in + 256 + 8 * lane, x[1]);
   rms_norm_row(x, a.norm_weight, a.eps, lane);
   finish_row<kLayout>(x, a, row, pos, loc > 0 ? loc : -1, lane);
+}
+
+// Fast design: rows per block = blockDim.x / 32 (the launcher picks it); the RoPE row is loaded
+// as soon as the position arrives, so its round trip overlaps the norm.
+template <V41Layout kLayout>
+__global__ void __launch_bounds__(kFastMaxThreads) c1_fast_kernel(const V41Args a) {
+  pdl_enter<true>();
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= a.rows) return;
+  // independent loads first (a load whose address is not ready stalls the warp's issue), then
+  // the RoPE row, which needs the position
+  const int64_t loc = ld_index_now(a.loc, a.loc_i64, row);
+  const int64_t pos = ld_index_now(a.positions, a.positions_i64, row);
+  const uint16_t* in = static_cast<const uint16_t*>(a.input) + row * kDim;
+  float x[2][8], w[2][8], cs[8];
+  weight_now(a.norm_weight, lane, w);
+  bf16x8_now(in + 8 * lane, x[0]);
+  bf16x8_now(in + 256 + 8 * lane, x[1]);
+  load_rope(a, pos, loc > 0, lane, cs);
+  rms_norm_row(x, w, a.eps);
+  finish_row_loaded<kLayout>(x, cs, a, row, loc > 0 ? loc : -1, lane);
 }
 
 // kv and score halves of an fp32 [1024] row: kv[h][j] = dim 256 h + 8 lane + j, score likewise.
@@ -336,6 +466,65 @@ __device__ __forceinline__ void pool_pair(float (&k1)[2][8], const float (&s1)[2
       const float num = __fmaf_rn(k0[h][j], a0, __fmul_rn(k1[h][j], a1));
       k1[h][j] = quant::bf16_round(__fdiv_rn(num, __fadd_rn(1.0f, e)));
     }
+  }
+}
+
+// rcp.approx (relative error < 2^-22 on [1, 2]).
+__device__ __forceinline__ float rcp_approx(float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  return r;
+}
+
+// Fast design of pool_pair: the same bf16 results without an IEEE division per channel. With
+// d = 1 + e in [1, 2] and r ~ 1 / d (rel. error < 2^-22), q0 = num r and q = q0 + (num - q0 d) r
+// (FMAs) is within 0.5 ulp + 2^-40 ulp of num / d, so q is rn(num / d) or one of its fp32
+// neighbours. bf16 rounding maps all three to the same value unless q is within a few ulps of a
+// bf16 rounding boundary (low 16 bits near 0x8000); that case, and any num outside
+// [2^-100, 2^101) (zeros, subnormals, inf, NaN: no ulp bound), takes the IEEE division.
+__device__ __forceinline__ void pool_pair_fast(float (&k1)[2][8], float (&s1)[2][8], float (&k0)[2][8],
+                                               const float (&s0)[2][8]) {
+  // pass 1: numerator (into k1) and denominator (into s1) of every channel, as pool_pair
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float d = __fsub_rn(s0[h][j], s1[h][j]);
+      const float e = static_cast<float>(exp(-static_cast<double>(fabsf(d))));
+      const bool first = d > 0.0f;
+      const float a0 = first ? 1.0f : e, a1 = first ? e : 1.0f;
+      k1[h][j] = __fmaf_rn(k0[h][j], a0, __fmul_rn(k1[h][j], a1));
+      s1[h][j] = __fadd_rn(1.0f, e);
+    }
+  }
+  // pass 2: the quotients (into k0)
+  bool exact = false;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float num = k1[h][j], den = s1[h][j];
+      const float r = rcp_approx(den);
+      const float q0 = __fmul_rn(num, r);
+      const float q = __fmaf_rn(__fmaf_rn(-q0, den, num), r, q0);
+      const uint32_t nb = quant::float_bits(num), qb = quant::float_bits(q);
+      const bool out_of_range = ((nb >> 23) & 0xFFu) - 27u > 200u;  // biased exponent outside [27, 227]
+      const bool near_tie = (qb & 0xFFFFu) - 0x7FFCu <= 8u;
+      exact = exact || out_of_range || near_tie;
+      k0[h][j] = quant::bf16_round(q);
+    }
+  }
+  if (exact) {  // rare: the IEEE division for the whole lane
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) k0[h][j] = quant::bf16_round(__fdiv_rn(k1[h][j], s1[h][j]));
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) k1[h][j] = k0[h][j];
   }
 }
 
@@ -376,6 +565,81 @@ __global__ void __launch_bounds__(kThreads) c2_kernel(const V41Args a) {
   pool_pair(k1, s1, k0, s0);
   rms_norm_row(k1, a.norm_weight, a.eps, lane);
   finish_row<kLayout>(k1, a, row, pos - 1, raw >> 1, lane);
+}
+
+// (pos - back) mod ring, non-negative; a power-of-two ring (the usual 2 / 4 / 8) takes a mask.
+__device__ __forceinline__ int64_t ring_row_fast(int64_t rid, int64_t pos, int64_t back, int64_t ring) {
+  const int64_t p = pos - back;
+  if ((ring & (ring - 1)) == 0) return rid * ring + (p & (ring - 1));
+  const int64_t w = p % ring;
+  return rid * ring + (w < 0 ? w + ring : w);
+}
+
+__device__ __forceinline__ void store_pair_row(float* p, int lane, const float (&kv)[2][8], const float (&sc)[2][8]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    store_f32x8(p + 256 * h + 8 * lane, kv[h]);
+    store_f32x8(p + kDim + 256 * h + 8 * lane, sc[h]);
+  }
+}
+
+// Fast design of c2 (one warp per row, blockDim.x / 32 rows per block). Decode / verify: the
+// metadata, the row, the weight and (inside a verify block) the previous input row are one burst
+// after the wait; an even row parks the row it holds; an odd row's ring partner and RoPE row are
+// the second (and last) group. Prefill: the row's and the previous row's metadata, then the two
+// rows (or the ring partner) with the RoPE row; even rows load no row data (the write-back pass
+// parks them).
+template <V41Layout kLayout, bool kPrefill>
+__global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_fast_kernel(const V41Args a) {
+  pdl_enter<true>();
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= a.rows) return;
+  const float* in = static_cast<const float*>(a.input) + row * kStateWidth;
+  const int64_t raw = ld_index_now(a.loc, a.loc_i64, row);
+  const int64_t pos = ld_index_now(a.positions, a.positions_i64, row);
+  const int64_t rid = ld_i64_now(a.req + row);
+  float k1[2][8], s1[2][8], k0[2][8], s0[2][8], w[2][8], cs[8];
+  bool from_input;
+  if constexpr (kPrefill) {
+    const bool has_prev = row > 0;
+    const int64_t prev = has_prev ? row - 1 : row;  // row 0 reads itself (unused)
+    const int64_t prev_rid = ld_i64_now(a.req + prev);
+    const int64_t prev_pos = ld_index_now(a.positions, a.positions_i64, prev);
+    const int64_t prev_raw = ld_index_now(a.loc, a.loc_i64, prev);
+    if (raw == 0 || (pos & 1) == 0) return;  // padded, or parked by the write-back pass
+    from_input = has_prev && prev_rid == rid && prev_pos == pos - 1 && prev_raw != 0;
+    load_pair_row(in, lane, k1, s1);
+    load_weight(a.norm_weight, lane, w);
+    load_pair_row(from_input ? in - kStateWidth : a.state + ring_row_fast(rid, pos, 1, a.ring_size) * kStateWidth,
+                  lane, k0, s0);
+  } else {
+    // 32-bit modulo (a 64-bit one is a software routine): a batch has far fewer than 2^32 rows
+    from_input = a.draft_len > 1 && static_cast<uint32_t>(row) % static_cast<uint32_t>(a.draft_len) != 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      f32x8_now(in + 256 * h + 8 * lane, k1[h]);
+      f32x8_now(in + kDim + 256 * h + 8 * lane, s1[h]);
+    }
+    weight_now(a.norm_weight, lane, w);
+    if (from_input) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        f32x8_now(in - kStateWidth + 256 * h + 8 * lane, k0[h]);
+        f32x8_now(in - kStateWidth + kDim + 256 * h + 8 * lane, s0[h]);
+      }
+    }
+    if (raw == 0) return;  // padded row: nothing written
+    if ((pos & 1) == 0) {
+      store_pair_row(a.state + ring_row_fast(rid, pos, 0, a.ring_size) * kStateWidth, lane, k1, s1);
+      return;
+    }
+    if (!from_input) load_pair_row(a.state + ring_row_fast(rid, pos, 1, a.ring_size) * kStateWidth, lane, k0, s0);
+  }
+  load_rope(a, pos - 1, true, lane, cs);
+  pool_pair_fast(k1, s1, k0, s0);
+  rms_norm_row(k1, w, a.eps);
+  finish_row_loaded<kLayout>(k1, cs, a, row, raw >> 1, lane);
 }
 
 // Prefill write-back: warp (b, k) copies row start_b + len_b - 1 - k (k < min(len_b, ring), not
@@ -461,24 +725,45 @@ __global__ void __launch_bounds__(kThreads) index_k_kernel(const V41Args a) {
   if (m == 0) *reinterpret_cast<uint32_t*>(slot.scales) = e2 | (g1 << 8) | (g2 << 16) | (g3 << 24);
 }
 
+// Fast design: rows per block by launch size. Up to kFastDecodeRowsMax rows (decode, verify)
+// one warp per block, so a batch spreads over as many SMs as it has rows; larger launches four
+// warps per block (fine-grained blocks: an exiting even prefill row frees its slot at once).
+inline constexpr int64_t kFastDecodeRowsMax = 1024;
+inline constexpr int kFastWideWarps = kFastMaxThreads / 32;
+
 }  // namespace v41
 
-template <V41Op kOp, V41Layout kLayout>
-gpuError_t V41Launch<kOp, kLayout>::run(const V41Args& args, gpuStream_t stream) {
+template <V41Op kOp, V41Layout kLayout, V41Design kDesign>
+gpuError_t V41Launch<kOp, kLayout, kDesign>::run(const V41Args& args, gpuStream_t stream) {
   const auto blocks = [](int64_t items, int per_block) { return static_cast<unsigned>((items + per_block - 1) / per_block); };
-  const LaunchConfig rows{blocks(args.rows, v41::kWarps), v41::kThreads, 0, 1, kPdlLaunch};
-  if constexpr (kOp == V41Op::kC1) {
-    return launch_kernel(v41::c1_kernel<kLayout>, rows, stream, args);
-  } else if constexpr (kOp == V41Op::kC2Decode) {
-    return launch_kernel(v41::c2_kernel<kLayout, false>, rows, stream, args);
-  } else if constexpr (kOp == V41Op::kC2Prefill) {
-    const gpuError_t e = launch_kernel(v41::c2_kernel<kLayout, true>, rows, stream, args);
-    if (e != gpuSuccess) return e;
-    const LaunchConfig back{blocks(args.batch * args.ring_size, v41::kWarps), v41::kThreads, 0, 1, kPdlLaunch};
-    return launch_kernel(v41::c2_writeback_kernel<v41::kWarps>, back, stream, args);
+  if constexpr (kDesign == V41Design::kFast && kOp != V41Op::kIndexK) {
+    const int warps = args.rows <= v41::kFastDecodeRowsMax ? 1 : v41::kFastWideWarps;
+    const LaunchConfig rows{blocks(args.rows, warps), static_cast<unsigned>(32 * warps), 0, 1, kPdlLaunch};
+    if constexpr (kOp == V41Op::kC1) {
+      return launch_kernel(v41::c1_fast_kernel<kLayout>, rows, stream, args);
+    } else if constexpr (kOp == V41Op::kC2Decode) {
+      return launch_kernel(v41::c2_fast_kernel<kLayout, false>, rows, stream, args);
+    } else {
+      const gpuError_t e = launch_kernel(v41::c2_fast_kernel<kLayout, true>, rows, stream, args);
+      if (e != gpuSuccess) return e;
+      const LaunchConfig back{blocks(args.batch * args.ring_size, v41::kWarps), v41::kThreads, 0, 1, kPdlLaunch};
+      return launch_kernel(v41::c2_writeback_kernel<v41::kWarps>, back, stream, args);
+    }
   } else {
-    const LaunchConfig idx{blocks(args.rows, v41::kIndexRowsPerBlock), v41::kThreads, 0, 1, kPdlLaunch};
-    return launch_kernel(v41::index_k_kernel<v41::kIndexRowsPerBlock>, idx, stream, args);
+    const LaunchConfig rows{blocks(args.rows, v41::kWarps), v41::kThreads, 0, 1, kPdlLaunch};
+    if constexpr (kOp == V41Op::kC1) {
+      return launch_kernel(v41::c1_kernel<kLayout>, rows, stream, args);
+    } else if constexpr (kOp == V41Op::kC2Decode) {
+      return launch_kernel(v41::c2_kernel<kLayout, false>, rows, stream, args);
+    } else if constexpr (kOp == V41Op::kC2Prefill) {
+      const gpuError_t e = launch_kernel(v41::c2_kernel<kLayout, true>, rows, stream, args);
+      if (e != gpuSuccess) return e;
+      const LaunchConfig back{blocks(args.batch * args.ring_size, v41::kWarps), v41::kThreads, 0, 1, kPdlLaunch};
+      return launch_kernel(v41::c2_writeback_kernel<v41::kWarps>, back, stream, args);
+    } else {
+      const LaunchConfig idx{blocks(args.rows, v41::kIndexRowsPerBlock), v41::kThreads, 0, 1, kPdlLaunch};
+      return launch_kernel(v41::index_k_kernel<v41::kIndexRowsPerBlock>, idx, stream, args);
+    }
   }
 }
 

@@ -1,0 +1,53 @@
+// Host check of v41q::recip_e4m3 / v41q::div_by (jit_kernel/v41_quant.cuh): for every bf16 bit
+// pattern u and every e4m3 code whose value s lies in [2^-9, 448], compares div_by(u, s,
+// recip_e4m3(s)) with the IEEE quotient u / s: bit for bit for |u| >= 2^-122 (NaN: any NaN; the
+// kernels' e2m1 code of a NaN does not depend on its payload), and by e2m1_rne code (sign
+// included: the only use of a quotient) for every u; recip_e4m3(s) with 1 / s bit for bit.
+// Prints the counts; exits 1 on any mismatch (tests/test_v41_kernel_build.py).
+#include <cstdint>
+#include <cstdio>
+
+#include "v41_quant.cuh"
+
+using namespace flashcompress;
+
+int main() {
+  long long checked = 0, bad_q = 0, bad_r = 0, bad_code = 0;
+  uint32_t worst = 0;
+  for (uint32_t code = 1; code <= 0x7Eu; ++code) {
+    const float s = v41q::e4m3_value(code);
+    if (!(s >= 0.001953125f && s <= 448.0f)) continue;
+    const float r = v41q::recip_e4m3(s);
+    const volatile float one = 1.0f;
+    if (quant::float_bits(r) != quant::float_bits(one / s)) {
+      if (++bad_r <= 4) std::printf("recip mismatch code %u\n", code);
+    }
+    for (uint32_t h = 0; h < 65536u; ++h) {
+      const float u = quant::bits_float(h << 16);
+      const volatile float uv = u;
+      const float want = uv / s;
+      const float got = v41q::div_by(u, s, r);
+      const uint32_t wb = quant::float_bits(want), gb = quant::float_bits(got);
+      const bool same = wb == gb || (quant::is_nan_bits(wb) && quant::is_nan_bits(gb));
+      ++checked;
+      if (!same) {  // the largest |u| of a bit mismatch, and whether the e2m1 code differs
+        const uint32_t mag = (h << 16) & 0x7FFFFFFFu;
+        if (mag > worst) worst = mag;
+        if (v41q::e2m1_rne(want) != v41q::e2m1_rne(got)) ++bad_code;
+      }
+      bad_q += !same;
+    }
+  }
+  // e2m1_grid / e2m1_grid_code against e2m1_value(e2m1_rne(x)) / e2m1_rne(x), every fp32 pattern
+  long long grid_bad = 0;
+  for (uint64_t i = 0; i < (uint64_t{1} << 32); ++i) {
+    const float x = quant::bits_float(static_cast<uint32_t>(i));
+    const uint32_t code = v41q::e2m1_rne(x);
+    const float v = v41q::e2m1_grid(x);
+    grid_bad += quant::float_bits(v) != quant::float_bits(v41q::e2m1_value(code)) || v41q::e2m1_grid_code(v) != code;
+  }
+  std::printf("grid_bad %lld\n", grid_bad);
+  std::printf("checked %lld recip_bad %lld quot_bad %lld code_bad %lld largest |u| %a\n", checked, bad_r, bad_q,
+              bad_code, quant::bits_float(worst));
+  return (grid_bad || bad_r || bad_code || worst >= 0x02800000u  /* 2^-122 */) ? 1 : 0;
+}
