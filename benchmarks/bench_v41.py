@@ -1,6 +1,7 @@
 """V4.1 low-ratio op benchmark: c1 / c2 decode / c2 prefill / index-K (issue 29 cases).
 
-    python benchmarks/bench_v41.py [--cases c1,index] [--md PATH] [--device cuda|cpu] [--layout v4|v41_fp4|...] [--peer]
+    python benchmarks/bench_v41.py [--cases c1,index] [--md PATH] [--device cuda|cpu] [--layout v4|v41_fp4|...]
+                                   [--design base,fast] [--peer]
 
 Cases: c1 decode 1 / 64 / 512 rows and 8192 rows (page 256); c2 decode 1 / 64 / 512 requests
 (ring 2, page 128; half the requests at odd positions, which pool and store, half park);
@@ -15,6 +16,10 @@ latent written (1024 B per row c1, per pooled row c2), c2 partners read from the
 per pooled decode row whose partner is in the ring) and rows parked (4096 B), 8 + 8 B of
 metadata per row (+ 8 B req for c2), the RoPE row (256 B) and the cache entry (layout bytes /
 68 B) per stored row.
+
+``--design``: the ``v41`` kernel designs to time (comma-separated, each case once per design,
+the layer column ``LAYOUT/DESIGN``; default: the current one, ``FLASHCOMPRESS_V41_DESIGN`` or
+``base``). Index-K has one design and runs once.
 
 ``--peer``: SGLang's V4.1 fused kernels (``benchmarks/_peer.py``: ``FlashCompress1Kernel``,
 ``FlashCompress2Kernel`` decode / prefill fusion, ``IndexKKernel``) on the same inputs, state
@@ -131,8 +136,15 @@ def build(op: str, n: int, layout: KVLayout, dev: torch.device, gen: torch.Gener
 def main(argv: list[str] | None = None) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--layout", default="v4")
+    pre.add_argument("--design", default=None)
     known, rest = pre.parse_known_args(argv)
     layout = KVLayout.parse(known.layout)
+    from flashcompress.cuda_ops import v41 as v41_ops
+
+    designs = known.design.split(",") if known.design else [v41_ops.current_design()]
+    for d in designs:
+        if d not in v41_ops.DESIGNS:
+            raise SystemExit(f"bench_v41.py: --design {d!r}: expected one of {v41_ops.DESIGNS}")
     args = C.parse_args(__doc__, rest)
     dev = torch.device(args.device)
     timer = C.Timer(dev, args.reps, args.graph_replays)
@@ -147,10 +159,13 @@ def main(argv: list[str] | None = None) -> int:
             for err in side.peer.prewarm(_peer.v41_specs(side.peer, layout.value, index_ratio=1)):
                 side.note(err)
     print("\n".join(head), flush=True)
-    for op, name, n in _case_list(dev.type == "cpu"):
-        label = "index-k" if op == "index_k" else layout.value
+    runs = [(op, name, n, d) for op, name, n in _case_list(dev.type == "cpu")
+            for d in (designs[:1] if op == "index_k" else designs)]
+    for op, name, n, design in runs:
+        label = "index-k" if op == "index_k" else (layout.value if len(designs) == 1 else f"{layout.value}/{design}")
         if not C.matches(args.filters, name, label):
             continue
+        v41_ops.set_design(design)
         try:
             case = build(op, n, layout, dev, torch.Generator().manual_seed(args.seed))
             if side:

@@ -157,6 +157,38 @@ __device__ __forceinline__ void f32x8_now(const float* p, float (&x)[8]) {
   x[4] = __uint_as_float(b.x), x[5] = __uint_as_float(b.y), x[6] = __uint_as_float(b.z), x[7] = __uint_as_float(b.w);
 }
 
+// The row loads of the fast kernels: pinned in place (kEarly: decode-sized launches, where the
+// round trips are the latency) or plain (wide launches, where the scheduler's choice is fine).
+template <bool kEarly>
+__device__ __forceinline__ int64_t ld_index(const void* p, bool i64, int64_t i) {
+  if constexpr (kEarly) return ld_index_now(p, i64, i);
+  return load_index(p, i64, i);
+}
+
+template <bool kEarly>
+__device__ __forceinline__ int64_t ld_i64(const int64_t* p) {
+  if constexpr (kEarly) return ld_i64_now(p);
+  return *p;
+}
+
+template <bool kEarly>
+__device__ __forceinline__ void ld_bf16x8(const uint16_t* p, float (&x)[8]) {
+  if constexpr (kEarly) {
+    bf16x8_now(p, x);
+  } else {
+    load_bf16x8(p, x);
+  }
+}
+
+template <bool kEarly>
+__device__ __forceinline__ void ld_f32x8(const float* p, float (&x)[8]) {
+  if constexpr (kEarly) {
+    f32x8_now(p, x);
+  } else {
+    load_f32x8(p, x);
+  }
+}
+
 __device__ __forceinline__ float abs_max8(const float (&x)[8]) {
   float a = 0.0f;  // fmaxf from 0 ignores NaN, like the reference's amax
 #pragma unroll
@@ -209,9 +241,10 @@ __device__ __forceinline__ void load_weight(const uint16_t* weight, int lane, fl
   load_bf16x8(weight + 256 + 8 * lane, w[1]);
 }
 
-__device__ __forceinline__ void weight_now(const uint16_t* weight, int lane, float (&w)[2][8]) {
-  bf16x8_now(weight + 8 * lane, w[0]);
-  bf16x8_now(weight + 256 + 8 * lane, w[1]);
+template <bool kEarly>
+__device__ __forceinline__ void ld_weight(const uint16_t* weight, int lane, float (&w)[2][8]) {
+  ld_bf16x8<kEarly>(weight + 8 * lane, w[0]);
+  ld_bf16x8<kEarly>(weight + 256 + 8 * lane, w[1]);
 }
 
 // latent = bf16((x * nf) * w) of a 512-dim row held as x[h][j] = dim 256 h + 8 lane + j (w likewise).
@@ -415,7 +448,7 @@ __global__ void __launch_bounds__(kThreads) c1_kernel(const V41Args a) {
 
 // Fast design: rows per block = blockDim.x / 32 (the launcher picks it); the RoPE row is loaded
 // as soon as the position arrives, so its round trip overlaps the norm.
-template <V41Layout kLayout>
+template <V41Layout kLayout, bool kEarly>
 __global__ void __launch_bounds__(kFastMaxThreads) c1_fast_kernel(const V41Args a) {
   pdl_enter<true>();
   const int lane = threadIdx.x & 31;
@@ -423,13 +456,13 @@ __global__ void __launch_bounds__(kFastMaxThreads) c1_fast_kernel(const V41Args 
   if (row >= a.rows) return;
   // independent loads first (a load whose address is not ready stalls the warp's issue), then
   // the RoPE row, which needs the position
-  const int64_t loc = ld_index_now(a.loc, a.loc_i64, row);
-  const int64_t pos = ld_index_now(a.positions, a.positions_i64, row);
+  const int64_t loc = ld_index<kEarly>(a.loc, a.loc_i64, row);
+  const int64_t pos = ld_index<kEarly>(a.positions, a.positions_i64, row);
   const uint16_t* in = static_cast<const uint16_t*>(a.input) + row * kDim;
   float x[2][8], w[2][8], cs[8];
-  weight_now(a.norm_weight, lane, w);
-  bf16x8_now(in + 8 * lane, x[0]);
-  bf16x8_now(in + 256 + 8 * lane, x[1]);
+  ld_weight<kEarly>(a.norm_weight, lane, w);
+  ld_bf16x8<kEarly>(in + 8 * lane, x[0]);
+  ld_bf16x8<kEarly>(in + 256 + 8 * lane, x[1]);
   load_rope(a, pos, loc > 0, lane, cs);
   rms_norm_row(x, w, a.eps);
   finish_row_loaded<kLayout>(x, cs, a, row, loc > 0 ? loc : -1, lane);
@@ -589,28 +622,28 @@ __device__ __forceinline__ void store_pair_row(float* p, int lane, const float (
 // the second (and last) group. Prefill: the row's and the previous row's metadata, then the two
 // rows (or the ring partner) with the RoPE row; even rows load no row data (the write-back pass
 // parks them).
-template <V41Layout kLayout, bool kPrefill>
+template <V41Layout kLayout, bool kPrefill, bool kEarly>
 __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_fast_kernel(const V41Args a) {
   pdl_enter<true>();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= a.rows) return;
   const float* in = static_cast<const float*>(a.input) + row * kStateWidth;
-  const int64_t raw = ld_index_now(a.loc, a.loc_i64, row);
-  const int64_t pos = ld_index_now(a.positions, a.positions_i64, row);
-  const int64_t rid = ld_i64_now(a.req + row);
+  const int64_t raw = ld_index<kEarly>(a.loc, a.loc_i64, row);
+  const int64_t pos = ld_index<kEarly>(a.positions, a.positions_i64, row);
+  const int64_t rid = ld_i64<kEarly>(a.req + row);
   float k1[2][8], s1[2][8], k0[2][8], s0[2][8], w[2][8], cs[8];
   bool from_input;
   if constexpr (kPrefill) {
     const bool has_prev = row > 0;
     const int64_t prev = has_prev ? row - 1 : row;  // row 0 reads itself (unused)
-    const int64_t prev_rid = ld_i64_now(a.req + prev);
-    const int64_t prev_pos = ld_index_now(a.positions, a.positions_i64, prev);
-    const int64_t prev_raw = ld_index_now(a.loc, a.loc_i64, prev);
+    const int64_t prev_rid = ld_i64<kEarly>(a.req + prev);
+    const int64_t prev_pos = ld_index<kEarly>(a.positions, a.positions_i64, prev);
+    const int64_t prev_raw = ld_index<kEarly>(a.loc, a.loc_i64, prev);
     if (raw == 0 || (pos & 1) == 0) return;  // padded, or parked by the write-back pass
     from_input = has_prev && prev_rid == rid && prev_pos == pos - 1 && prev_raw != 0;
     load_pair_row(in, lane, k1, s1);
-    load_weight(a.norm_weight, lane, w);
+    ld_weight<false>(a.norm_weight, lane, w);
     load_pair_row(from_input ? in - kStateWidth : a.state + ring_row_fast(rid, pos, 1, a.ring_size) * kStateWidth,
                   lane, k0, s0);
   } else {
@@ -618,15 +651,15 @@ __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_fast_ker
     from_input = a.draft_len > 1 && static_cast<uint32_t>(row) % static_cast<uint32_t>(a.draft_len) != 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      f32x8_now(in + 256 * h + 8 * lane, k1[h]);
-      f32x8_now(in + kDim + 256 * h + 8 * lane, s1[h]);
+      ld_f32x8<kEarly>(in + 256 * h + 8 * lane, k1[h]);
+      ld_f32x8<kEarly>(in + kDim + 256 * h + 8 * lane, s1[h]);
     }
-    weight_now(a.norm_weight, lane, w);
+    ld_weight<kEarly>(a.norm_weight, lane, w);
     if (from_input) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        f32x8_now(in - kStateWidth + 256 * h + 8 * lane, k0[h]);
-        f32x8_now(in - kStateWidth + kDim + 256 * h + 8 * lane, s0[h]);
+        ld_f32x8<kEarly>(in - kStateWidth + 256 * h + 8 * lane, k0[h]);
+        ld_f32x8<kEarly>(in - kStateWidth + kDim + 256 * h + 8 * lane, s0[h]);
       }
     }
     if (raw == 0) return;  // padded row: nothing written
@@ -737,14 +770,17 @@ template <V41Op kOp, V41Layout kLayout, V41Design kDesign>
 gpuError_t V41Launch<kOp, kLayout, kDesign>::run(const V41Args& args, gpuStream_t stream) {
   const auto blocks = [](int64_t items, int per_block) { return static_cast<unsigned>((items + per_block - 1) / per_block); };
   if constexpr (kDesign == V41Design::kFast && kOp != V41Op::kIndexK) {
-    const int warps = args.rows <= v41::kFastDecodeRowsMax ? 1 : v41::kFastWideWarps;
+    const bool decode = args.rows <= v41::kFastDecodeRowsMax;
+    const int warps = decode ? 1 : v41::kFastWideWarps;
     const LaunchConfig rows{blocks(args.rows, warps), static_cast<unsigned>(32 * warps), 0, 1, kPdlLaunch};
     if constexpr (kOp == V41Op::kC1) {
-      return launch_kernel(v41::c1_fast_kernel<kLayout>, rows, stream, args);
+      return decode ? launch_kernel(v41::c1_fast_kernel<kLayout, true>, rows, stream, args)
+                    : launch_kernel(v41::c1_fast_kernel<kLayout, false>, rows, stream, args);
     } else if constexpr (kOp == V41Op::kC2Decode) {
-      return launch_kernel(v41::c2_fast_kernel<kLayout, false>, rows, stream, args);
+      return decode ? launch_kernel(v41::c2_fast_kernel<kLayout, false, true>, rows, stream, args)
+                    : launch_kernel(v41::c2_fast_kernel<kLayout, false, false>, rows, stream, args);
     } else {
-      const gpuError_t e = launch_kernel(v41::c2_fast_kernel<kLayout, true>, rows, stream, args);
+      const gpuError_t e = launch_kernel(v41::c2_fast_kernel<kLayout, true, false>, rows, stream, args);
       if (e != gpuSuccess) return e;
       const LaunchConfig back{blocks(args.batch * args.ring_size, v41::kWarps), v41::kThreads, 0, 1, kPdlLaunch};
       return launch_kernel(v41::c2_writeback_kernel<v41::kWarps>, back, stream, args);
