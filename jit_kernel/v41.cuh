@@ -318,8 +318,12 @@ __device__ __forceinline__ void fake_quant_row(float (&u)[2][8]) {
     const float r = scale_recip<kFast>(s);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const float quotient = __fadd_rn(scale_quotient<kFast>(u[h][j], s, r), 0.0f);
-      const float grid = kFast ? v41q::e2m1_grid(quotient) : v41q::e2m1_value(v41q::e2m1_rne(quotient));
+      float grid;
+      if constexpr (kFast) {
+        grid = v41q::fake_quant_grid(u[h][j], s, r);
+      } else {
+        grid = v41q::e2m1_value(v41q::e2m1_rne(__fadd_rn(__fdiv_rn(u[h][j], s), 0.0f)));
+      }
       u[h][j] = __fmul_rn(grid, s);
     }
   }
@@ -378,8 +382,11 @@ __device__ __forceinline__ void encode_store(float (&u)[2][8], const Slot& slot,
     } else {  // V4: 7 tiles of 64 e4m3 + 64 bf16 RoPE dims; scale byte 7 untouched
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
+        // amax: a fake-quant value (bf16-exact, >= 2^-10 when not 0) or the floor 1e-4f, so
+        // the fast design's division is exact (host check)
         const float amax = fmaxf(lanes_max<8>(abs_max8(u[h])), kAmaxFloor);
-        const uint32_t ue = quant::ue8m0_ceil(quant::div_rn(amax, quant::kE4m3Max));
+        const uint32_t ue = quant::ue8m0_ceil(
+            scale_quotient<kFast>(amax, quant::kE4m3Max, scale_recip<kFast>(quant::kE4m3Max)));
         const bool rope = h == 1 && lane >= 24;
         if (!rope) {
           *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u[h], quant::inv_ue8m0(ue));

@@ -10,12 +10,12 @@
 //                    7 compares and adds instead of the emulation's conversions through double.
 //   e2m1_value(c)    fp32 value of an e2m1 code (bit 3 = sign; 0x8 reads as -0.0)
 //   e4m3_value(c)    fp32 value of a non-NaN OCP E4M3FN code
-//   e2m1_grid(x)     e2m1_value(e2m1_rne(x)) without the code: |x| rounded to the grid by one
-//                    add / subtract of 2^22, 2^23 or 2^24 (RNE at grid steps 0.5, 1, 2: the
-//                    code's parity is the grid value's), clamped at 6, x's sign; NaN -> +6
-//   e2m1_grid_code(v) the e2m1 code of a grid value v = e2m1_grid(x) (== e2m1_rne(x))
-//                    Both are checked against e2m1_rne / e2m1_value for all 2^32 fp32 patterns
-//                    (tests/native/v41_div_host.cpp).
+//   fake_quant_grid(u, s, r)  e2m1_value(e2m1_rne(u / s + 0)), the fake-quant grid value of
+//                    spec §2.2 before the scale multiply, for r = recip_e4m3(s): div_by's two
+//                    FMAs, then |q| + c - c with ulp(c) = the grid step (0.5 / 1 / 2: RNE on the
+//                    grid, as the code's parity is the value's), clamped at 6, with the sign of
+//                    q0 = u r (no NaN / sign fix-ups needed). Equal, bit for bit, for every bf16
+//                    u and every e4m3 s in [2^-9, 448] (host check below).
 //   recip_e4m3(s)    rn(1 / s) of a positive e4m3 value s (2^-9 <= s <= 448), exactly: s = M 2^E
 //                    with M = 1 + k / 8, so 1 / s = rn(8 / (8 + k)) 2^-E (a table of 8 rounded
 //                    mantissas; the power-of-two scaling is exact in this range)
@@ -25,10 +25,11 @@
 //                    [2^-9, 448]: bit-identical to the IEEE quotient when |u| >= 2^-122 (NaN:
 //                    a NaN), and always the same e2m1_rne code, sign included (below 2^-122 the
 //                    FMA remainder underflows; both quotients are then < 2^-113, code 0 / 0x8).
-//                    Checked exhaustively on the host (tests/native/v41_div_host.cpp via
-//                    tests/test_v41_kernel_build.py). The fast kernels divide only such pairs
-//                    and use the quotient only through its e2m1 code or an e4m3 scale clamped
-//                    at 2^-9.
+//                    The fast kernels divide only such pairs (and max(amax, 1e-4f) / 448, also
+//                    checked) and use a quotient only through its e2m1 code, an e4m3 scale
+//                    clamped at 2^-9 or a ue8m0 exponent.
+// Host check, exhaustive over those domains: tests/native/v41_div_host.cpp (run by
+// tests/test_v41_kernel_build.py).
 //
 // The reference is python/flashcompress/torch_backend/v41_quant.py.
 #pragma once
@@ -69,27 +70,6 @@ FC_QUANT_FN float e4m3_value(uint32_t code) {
   return (code & 0x80u) ? -mag : mag;
 }
 
-FC_QUANT_FN float e2m1_grid(float x) {
-  const uint32_t b = quant::float_bits(x);
-  const float a = quant::bits_float(b & 0x7FFFFFFFu);
-  const float c = a < 2.0f ? 4194304.0f : (a < 4.0f ? 8388608.0f : 16777216.0f);  // ulp(c) = grid step
-#if defined(__CUDA_ARCH__)
-  const float m = fminf(__fadd_rn(__fadd_rn(a, c), -c), 6.0f);
-#else
-  const volatile float sum = a + c;  // two roundings, never fused or reassociated
-  const float m = fminf(sum - c, 6.0f);
-#endif
-  const float v = quant::bits_float(quant::float_bits(m) | (b & 0x80000000u));
-  return quant::is_nan_bits(b) ? 6.0f : v;
-}
-
-FC_QUANT_FN uint32_t e2m1_grid_code(float v) {
-  const uint32_t b = quant::float_bits(v), mag = b & 0x7FFFFFFFu;
-  // 1, 1.5, 2, 3, 4, 6 have bits >> 22 = 254 .. 259 (codes 2 .. 7); 0.5 is code 1, 0 code 0
-  const uint32_t code = mag >= 0x3F800000u ? (mag >> 22) - 252u : (mag != 0u ? 1u : 0u);
-  return code | ((b >> 28) & 0x8u);
-}
-
 FC_QUANT_FN float recip_e4m3(float s) {
   const uint32_t b = quant::float_bits(s);
   const uint32_t k = (b >> 20) & 7u;
@@ -113,6 +93,25 @@ FC_QUANT_FN float div_by(float u, float s, float r) {
   // NaN quotients (u NaN, or u = +-inf: inf - inf in the correction) keep q0 (inf or NaN, as u / s)
   const uint32_t fixed = quant::is_nan_bits(qb) ? quant::float_bits(q0) : qb;
   return quant::bits_float((fixed & 0x7FFFFFFFu) | (quant::float_bits(u) & 0x80000000u));
+}
+
+FC_QUANT_FN float fake_quant_grid(float u, float s, float r) {
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmul_rn(u, r);
+  const float q = __fmaf_rn(__fmaf_rn(-q0, s, u), r, q0);
+#else
+  const float q0 = u * r;
+  const float q = std::fmaf(std::fmaf(-q0, s, u), r, q0);
+#endif
+  const float a = fabsf(q);  // NaN for u = +-inf (inf - inf in the correction) or NaN
+  const float c = a < 2.0f ? 4194304.0f : (a < 4.0f ? 8388608.0f : 16777216.0f);
+#if defined(__CUDA_ARCH__)
+  const float m = fminf(__fadd_rn(__fadd_rn(a, c), -c), 6.0f);  // fminf(NaN, 6) = 6
+#else
+  const volatile float sum = a + c;
+  const float m = fminf(sum - c, 6.0f);
+#endif
+  return q0 < 0.0f ? -m : m;  // q0 = u r carries u's sign (+-inf included; NaN: not negative)
 }
 
 }  // namespace v41q
