@@ -509,6 +509,41 @@ __device__ __forceinline__ void pool_pair(float (&k1)[2][8], const float (&s1)[2
   }
 }
 
+// exp(x) for x in (-708, 0] (and NaN), exactly as CUDA's exp(double) computes it there: the same
+// operations with the same constants as libdevice's __nv_exp (CUDA 12/13 libdevice.10.bc) on the
+// path it takes for |x| < 708.4, minus the range test, whose branch split every channel's
+// exp into its own convergence region (16 serialised fp64 chains per lane).
+__device__ __forceinline__ double exp_libdevice_small(double x) {
+  const double t = __fma_rn(x, 0x1.71547652b82fep+0, 0x1.8p+52);  // x log2(e) + 1.5 2^52
+  const int n = __double2loint(t);
+  const double k = __dadd_rn(t, -0x1.8p+52);
+  double r = __fma_rn(k, -0x1.62e42fefa39efp-1, x);
+  r = __fma_rn(k, -0x1.abc9e3b39803fp-56, r);
+  double p = __fma_rn(0x1.ade1569ce2bdfp-26, r, 0x1.28af3fca213eap-22);
+  p = __fma_rn(p, r, 0x1.71dee62401315p-19);
+  p = __fma_rn(p, r, 0x1.a01997c89eb71p-16);
+  p = __fma_rn(p, r, 0x1.a01a014761f65p-13);
+  p = __fma_rn(p, r, 0x1.6c16c1852b7afp-10);
+  p = __fma_rn(p, r, 0x1.1111111122322p-7);
+  p = __fma_rn(p, r, 0x1.55555555502a1p-5);
+  p = __fma_rn(p, r, 0x1.5555555555511p-3);
+  p = __fma_rn(p, r, 0x1.000000000000bp-1);
+  p = __fma_rn(p, r, 1.0);
+  p = __fma_rn(p, r, 1.0);
+  return __hiloint2double(__double2hiint(p) + (n << 20), __double2loint(p));
+}
+
+// e = fp32(exp(-|d|)) as the base design (fp32(exp(double))): the branch-free copy of the same
+// computation, evaluated for every channel (at -104 for |d| >= 104 and NaN, so that no branch
+// skips it); |d| >= 104 gives 0 as there (exp(-104) < 2^-150 rounds to +0), NaN gives NaN (its
+// payload does not reach any output: a NaN latent is stored as the canonical bf16 NaN).
+__device__ __forceinline__ float pair_weight(float d) {
+  const float a = fabsf(d);
+  const bool small = a < 104.0f;
+  const float e = static_cast<float>(exp_libdevice_small(-static_cast<double>(small ? a : 104.0f)));
+  return small ? e : (a >= 104.0f ? 0.0f : a);
+}
+
 // rcp.approx (relative error < 2^-22 on [1, 2]).
 __device__ __forceinline__ float rcp_approx(float d) {
   float r;
@@ -530,7 +565,7 @@ __device__ __forceinline__ void pool_pair_fast(float (&k1)[2][8], float (&s1)[2]
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float d = __fsub_rn(s0[h][j], s1[h][j]);
-      const float e = static_cast<float>(exp(-static_cast<double>(fabsf(d))));
+      const float e = pair_weight(d);
       const bool first = d > 0.0f;
       const float a0 = first ? 1.0f : e, a1 = first ? e : 1.0f;
       k1[h][j] = __fmaf_rn(k0[h][j], a0, __fmul_rn(k1[h][j], a1));
@@ -550,7 +585,7 @@ __device__ __forceinline__ void pool_pair_fast(float (&k1)[2][8], float (&s1)[2]
       const uint32_t nb = quant::float_bits(num), qb = quant::float_bits(q);
       const bool out_of_range = ((nb >> 23) & 0xFFu) - 27u > 200u;  // biased exponent outside [27, 227]
       const bool near_tie = (qb & 0xFFFFu) - 0x7FFCu <= 8u;
-      exact = exact || out_of_range || near_tie;
+      exact |= out_of_range | near_tie;  // | (not ||): no branch per channel
       k0[h][j] = quant::bf16_round(q);
     }
   }
