@@ -2,7 +2,8 @@
 // kernels. Device code; included by the kernel TU of the `v41` family only. The byte-exact
 // reference is python/flashcompress/torch_backend/v41.py (+ v41_quant.py).
 //
-// Ops (V41Launch<kOp, kLayout>::run, args in v41_launch.h; grids of 256-thread blocks):
+// Ops (V41Launch<kOp, kLayout, kDesign>::run, args in v41_launch.h; base design: grids of
+// 256-thread blocks, as below; the fast design: see "Fast design" after this list):
 //   kC1        c1_decode_norm_rope_store: input bf16 [N, 512]; one warp per row, 8 rows per block.
 //              RMSNorm -> out[row] (every row) -> RoPE at positions[row] -> fake quant -> store at
 //              out_loc[row] (rows with out_loc <= 0 store nothing).
@@ -34,6 +35,24 @@
 //   nf = fp32(1 / sqrt(fp64(ss / D + eps))) (correctly rounded, as the reference);
 //   latent = bf16((x * nf) * w); RoPE re' = fma(re, c, -(im s)), im' = fma(re, s, im c), bf16;
 //   c2 pooling e = fp32(exp(fp64(-|s0 - s1|))), (k0 a0 + k1 a1) / (1 + e) with fma(k0, a0, k1 a1).
+//
+// Fast design (kDesign = kFast; c1 and c2, index-K has one design), the same bytes:
+//   * blocks by launch size: up to 1024 rows (c2 prefill: row pairs) one warp per block, so a
+//     decode batch spreads over as many SMs as it has rows; larger launches 4 warps per block.
+//   * decode-sized launches pin their first loads in program order (volatile asm: the compiler
+//     would otherwise sink them behind the padded-row exit or the first shuffles): metadata, row,
+//     norm weight (and a verify block's previous row) leave in one burst after the wait, then the
+//     RoPE row (and c2's ring partner), which need the position: two dependent load groups.
+//   * c2 prefill: one warp per row pair (2w, 2w + 1), so no warp (and block register share) is
+//     spent on an even row; metadata of rows 2w - 1 .. 2w + 1 in one burst.
+//   * no IEEE division on the quantisation path: u / S by v41q::recip_e4m3 + two FMAs
+//     (v41q::fake_quant_grid, div_by), exhaustively equal on their whole input domain
+//     (tests/native/v41_div_host.cpp); the pool division num / (1 + e) by rcp.approx + FMA
+//     correction, exact after the bf16 rounding unless a few ulps from a bf16 tie (then, and for
+//     numerators outside [2^-100, 2^101), the lane redoes its divisions in IEEE: pool_pair_fast).
+//   * e = fp32(exp(-|d|)) by a branch-free copy of libdevice's exp(double) (exp_libdevice_small:
+//     the same operations and constants, without the range branch that serialised the 16 fp64
+//     chains of a lane), so the 16 channels of a lane overlap.
 //
 // Every kernel waits on griddepcontrol before its first global read (FC_ENABLE_PDL launches) and
 // lets the next kernel of the stream launch right after that wait (its own wait still waits for
@@ -658,13 +677,11 @@ __device__ __forceinline__ void store_pair_row(float* p, int lane, const float (
   }
 }
 
-// Fast design of c2 (one warp per row, blockDim.x / 32 rows per block). Decode / verify: the
+// Fast design of c2 decode / verify (one warp per row, blockDim.x / 32 rows per block): the
 // metadata, the row, the weight and (inside a verify block) the previous input row are one burst
 // after the wait; an even row parks the row it holds; an odd row's ring partner and RoPE row are
-// the second (and last) group. Prefill: the row's and the previous row's metadata, then the two
-// rows (or the ring partner) with the RoPE row; even rows load no row data (the write-back pass
-// parks them).
-template <V41Layout kLayout, bool kPrefill, bool kEarly>
+// the second (and last) group.
+template <V41Layout kLayout, bool kEarly>
 __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_fast_kernel(const V41Args a) {
   pdl_enter<true>();
   const int lane = threadIdx.x & 31;
@@ -675,46 +692,75 @@ __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_fast_ker
   const int64_t pos = ld_index<kEarly>(a.positions, a.positions_i64, row);
   const int64_t rid = ld_i64<kEarly>(a.req + row);
   float k1[2][8], s1[2][8], k0[2][8], s0[2][8], w[2][8], cs[8];
-  bool from_input;
-  if constexpr (kPrefill) {
-    const bool has_prev = row > 0;
-    const int64_t prev = has_prev ? row - 1 : row;  // row 0 reads itself (unused)
-    const int64_t prev_rid = ld_i64<kEarly>(a.req + prev);
-    const int64_t prev_pos = ld_index<kEarly>(a.positions, a.positions_i64, prev);
-    const int64_t prev_raw = ld_index<kEarly>(a.loc, a.loc_i64, prev);
-    if (raw == 0 || (pos & 1) == 0) return;  // padded, or parked by the write-back pass
-    from_input = has_prev && prev_rid == rid && prev_pos == pos - 1 && prev_raw != 0;
-    load_pair_row(in, lane, k1, s1);
-    ld_weight<false>(a.norm_weight, lane, w);
-    load_pair_row(from_input ? in - kStateWidth : a.state + ring_row_fast(rid, pos, 1, a.ring_size) * kStateWidth,
-                  lane, k0, s0);
-  } else {
-    // 32-bit modulo (a 64-bit one is a software routine): a batch has far fewer than 2^32 rows
-    from_input = a.draft_len > 1 && static_cast<uint32_t>(row) % static_cast<uint32_t>(a.draft_len) != 0;
+  // 32-bit modulo (a 64-bit one is a software routine): a batch has far fewer than 2^32 rows
+  const bool from_input = a.draft_len > 1 && static_cast<uint32_t>(row) % static_cast<uint32_t>(a.draft_len) != 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    ld_f32x8<kEarly>(in + 256 * h + 8 * lane, k1[h]);
+    ld_f32x8<kEarly>(in + kDim + 256 * h + 8 * lane, s1[h]);
+  }
+  ld_weight<kEarly>(a.norm_weight, lane, w);
+  if (from_input) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      ld_f32x8<kEarly>(in + 256 * h + 8 * lane, k1[h]);
-      ld_f32x8<kEarly>(in + kDim + 256 * h + 8 * lane, s1[h]);
+      ld_f32x8<kEarly>(in - kStateWidth + 256 * h + 8 * lane, k0[h]);
+      ld_f32x8<kEarly>(in - kStateWidth + kDim + 256 * h + 8 * lane, s0[h]);
     }
-    ld_weight<kEarly>(a.norm_weight, lane, w);
-    if (from_input) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        ld_f32x8<kEarly>(in - kStateWidth + 256 * h + 8 * lane, k0[h]);
-        ld_f32x8<kEarly>(in - kStateWidth + kDim + 256 * h + 8 * lane, s0[h]);
-      }
-    }
-    if (raw == 0) return;  // padded row: nothing written
-    if ((pos & 1) == 0) {
-      store_pair_row(a.state + ring_row_fast(rid, pos, 0, a.ring_size) * kStateWidth, lane, k1, s1);
-      return;
-    }
-    if (!from_input) load_pair_row(a.state + ring_row_fast(rid, pos, 1, a.ring_size) * kStateWidth, lane, k0, s0);
   }
+  if (raw == 0) return;  // padded row: nothing written
+  if ((pos & 1) == 0) {
+    store_pair_row(a.state + ring_row_fast(rid, pos, 0, a.ring_size) * kStateWidth, lane, k1, s1);
+    return;
+  }
+  if (!from_input) load_pair_row(a.state + ring_row_fast(rid, pos, 1, a.ring_size) * kStateWidth, lane, k0, s0);
   load_rope(a, pos - 1, true, lane, cs);
   pool_pair_fast(k1, s1, k0, s0);
   rms_norm_row(k1, w, a.eps);
   finish_row_loaded<kLayout>(k1, cs, a, row, raw >> 1, lane);
+}
+
+// Fast design of the c2 prefill pool pass: warp w handles rows 2w and 2w + 1, so that a warp
+// (and its block's registers) is not spent on an even row, which only the write-back pass
+// parks. The metadata of rows 2w - 1 .. 2w + 1 is one burst; then each odd, non-padded row of
+// the two loads its row, its partner (the previous input row if same request, previous position
+// and not padded, else the ring row of pos - 1) and its RoPE row, and pools, norms and stores.
+template <V41Layout kLayout>
+__global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_prefill_fast_kernel(const V41Args a) {
+  pdl_enter<true>();
+  const int lane = threadIdx.x & 31;
+  const int64_t first = 2 * (static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5));
+  if (first >= a.rows) return;
+  // metadata of rows first - 1 (clamped to 0: unused there), first, first + 1 (clamped)
+  int64_t raw[3], pos[3], rid[3];
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    int64_t r = first - 1 + i;
+    r = r < 0 ? 0 : (r >= a.rows ? a.rows - 1 : r);
+    raw[i] = load_index(a.loc, a.loc_i64, r);
+    pos[i] = load_index(a.positions, a.positions_i64, r);
+    rid[i] = a.req[r];
+  }
+#pragma unroll 1
+  for (int i = 1; i <= 2; ++i) {
+    // the row's and its predecessor's metadata by select (a dynamic index would go to local memory)
+    const bool second = i == 2;
+    const int64_t row = first - 1 + i;
+    const int64_t r_raw = second ? raw[2] : raw[1], r_pos = second ? pos[2] : pos[1], r_rid = second ? rid[2] : rid[1];
+    const int64_t p_raw = second ? raw[1] : raw[0], p_pos = second ? pos[1] : pos[0], p_rid = second ? rid[1] : rid[0];
+    if (row >= a.rows || r_raw == 0 || (r_pos & 1) == 0) continue;  // warp-uniform
+    const bool from_input = row > 0 && p_rid == r_rid && p_pos == r_pos - 1 && p_raw != 0;
+    const float* in = static_cast<const float*>(a.input) + row * kStateWidth;
+    float k1[2][8], s1[2][8], k0[2][8], s0[2][8], w[2][8], cs[8];
+    load_pair_row(in, lane, k1, s1);
+    load_pair_row(from_input ? in - kStateWidth
+                             : a.state + ring_row_fast(r_rid, r_pos, 1, a.ring_size) * kStateWidth,
+                  lane, k0, s0);
+    load_weight(a.norm_weight, lane, w);
+    load_rope(a, r_pos - 1, true, lane, cs);
+    pool_pair_fast(k1, s1, k0, s0);
+    rms_norm_row(k1, w, a.eps);
+    finish_row_loaded<kLayout>(k1, cs, a, row, r_raw >> 1, lane);
+  }
 }
 
 // Prefill write-back: warp (b, k) copies row start_b + len_b - 1 - k (k < min(len_b, ring), not
@@ -819,10 +865,13 @@ gpuError_t V41Launch<kOp, kLayout, kDesign>::run(const V41Args& args, gpuStream_
       return decode ? launch_kernel(v41::c1_fast_kernel<kLayout, true>, rows, stream, args)
                     : launch_kernel(v41::c1_fast_kernel<kLayout, false>, rows, stream, args);
     } else if constexpr (kOp == V41Op::kC2Decode) {
-      return decode ? launch_kernel(v41::c2_fast_kernel<kLayout, false, true>, rows, stream, args)
-                    : launch_kernel(v41::c2_fast_kernel<kLayout, false, false>, rows, stream, args);
+      return decode ? launch_kernel(v41::c2_fast_kernel<kLayout, true>, rows, stream, args)
+                    : launch_kernel(v41::c2_fast_kernel<kLayout, false>, rows, stream, args);
     } else {
-      const gpuError_t e = launch_kernel(v41::c2_fast_kernel<kLayout, true, false>, rows, stream, args);
+      const int64_t pairs = (args.rows + 1) / 2;
+      const int pair_warps = pairs <= v41::kFastDecodeRowsMax ? 1 : v41::kFastWideWarps;
+      const LaunchConfig pool{blocks(pairs, pair_warps), static_cast<unsigned>(32 * pair_warps), 0, 1, kPdlLaunch};
+      const gpuError_t e = launch_kernel(v41::c2_prefill_fast_kernel<kLayout>, pool, stream, args);
       if (e != gpuSuccess) return e;
       const LaunchConfig back{blocks(args.batch * args.ring_size, v41::kWarps), v41::kThreads, 0, 1, kPdlLaunch};
       return launch_kernel(v41::c2_writeback_kernel<v41::kWarps>, back, stream, args);

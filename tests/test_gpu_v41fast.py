@@ -110,9 +110,10 @@ def test_fast_c2_verify_edges(layout: KVLayout, draft: int, ring: int) -> None:
 @pytest.mark.parametrize("layout", [L.V4, L.V41, L.V41_FP4_NEW, L.UNIFORM_FP8])
 @pytest.mark.parametrize("ring", [2, 3])
 def test_fast_c2_prefill_wide_launch(layout: KVLayout, ring: int) -> None:
-    """2100 rows (four-warp blocks), requests starting at odd and even positions, padding, edges."""
+    """2101 rows (an odd count: the last pair warp has one row; four-warp blocks), requests starting at odd
+    and even positions, padding, edge values."""
     P = 128
-    pos, req, raw, start, lens, rows = _prefill_batch([700, 1, 333, 1066], [3, 10, 0, 41], 111, pad_every=97)
+    pos, req, raw, start, lens, rows = _prefill_batch([700, 1, 333, 1067], [3, 10, 0, 41], 111, pad_every=97)
     rows[:200] = _edge_kv_rows(200, 112)
     pages = int(raw.max()) // (2 * P) + 2
     twin(fc.c2_prefill_norm_rope_store, rows, _ring(20 * ring + ring + 2, 113), _weight(), pos, req, raw, 1e-20,
