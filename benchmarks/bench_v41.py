@@ -11,6 +11,8 @@ columns as the other op benchmarks (``_common.py``: cold = L2 flushed, graph = C
 replay, ``% copy`` of the device-to-device copy bandwidth). On ``--device cpu`` a smoke run
 of the PyTorch backend at tiny sizes.
 
+Targets (``target`` / ``ok`` columns): issue 29's cold / graph µs and % of copy per case.
+
 Byte model ("min MB"): input rows read (c1 1024 B, c2 4096 B, index-K 256 B per row), the
 latent written (1024 B per row c1, per pooled row c2), c2 partners read from the ring (4096 B
 per pooled decode row whose partner is in the ring) and rows parked (4096 B), 8 + 8 B of
@@ -50,6 +52,19 @@ def _case_list(cpu: bool) -> list[tuple[str, str, int]]:
             + [("c2_decode", f"c2-decode-{n}", n) for n in (1, 64, 512)]
             + [("c2_prefill", "c2-prefill-4x2048", 4 * 2048)]
             + [("index_k", f"index-k-{n}", n) for n in (64, 512, 8192)])
+
+
+# Issue 29's speed targets (cold / graph µs, % of copy) and the peer figures it quotes.
+TARGETS = {
+    "c1-decode-1": C.Target("5.9", cold_max=5.9, graph_max=1.5),
+    "c1-decode-64": C.Target("5.7", cold_max=5.7, graph_max=1.5),
+    "c1-decode-512": C.Target("6.7", cold_max=6.7, graph_max=1.5),
+    "c1-decode-8192": C.Target("32.4", pct_min=70),
+    "c2-decode-1": C.Target("6.4", cold_max=6.4, graph_max=1.8),
+    "c2-decode-64": C.Target("6.9", cold_max=6.9, graph_max=1.8),
+    "c2-decode-512": C.Target("8.5", cold_max=8.5, graph_max=1.8),
+    "c2-prefill-4x2048": C.Target("32.2", pct_min=70),
+}
 
 
 def _freqs(rows: int, dev: torch.device) -> torch.Tensor:
@@ -181,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         if side:
             pe, pcalls = side.time(timer, lambda: [case.peer(side.peer)], f"{name} {label}")
             delta = C.peer_delta(case.call, pcalls[0], case.written, case.state) if pcalls else "-"
-            row = C.peer_result_row(timer, name, label, t, pe, case.nbytes, None, delta=delta)
+            row = C.peer_result_row(timer, name, label, t, pe, case.nbytes, TARGETS.get(name), delta=delta)
         else:
-            row = C.result_row(timer, name, label, t.cold, t.ahead, t.graph, case.nbytes, None)
+            row = C.result_row(timer, name, label, t.cold, t.ahead, t.graph, case.nbytes, TARGETS.get(name))
         print("  " + "  ".join(row), file=sys.stderr, flush=True)
         rows.append(row)
         del case
