@@ -713,7 +713,7 @@ __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_fast_ker
     return;
   }
   if (!from_input) load_pair_row(a.state + ring_row_fast(rid, pos, 1, a.ring_size) * kStateWidth, lane, k0, s0);
-  load_rope(a, pos - 1, true, lane, cs);
+  load_rope(a, pos - 1, (raw >> 1) >= 0, lane, cs);  // as the base: no table read for a row that stores nothing
   pool_pair_fast(k1, s1, k0, s0);
   rms_norm_row(k1, w, a.eps);
   finish_row_loaded<kLayout>(k1, cs, a, row, raw >> 1, lane);
@@ -756,7 +756,7 @@ __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_prefill_
                              : a.state + ring_row_fast(r_rid, r_pos, 1, a.ring_size) * kStateWidth,
                   lane, k0, s0);
     load_weight(a.norm_weight, lane, w);
-    load_rope(a, r_pos - 1, true, lane, cs);
+    load_rope(a, r_pos - 1, (r_raw >> 1) >= 0, lane, cs);
     pool_pair_fast(k1, s1, k0, s0);
     rms_norm_row(k1, w, a.eps);
     finish_row_loaded<kLayout>(k1, cs, a, row, r_raw >> 1, lane);
