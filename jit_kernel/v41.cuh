@@ -369,7 +369,10 @@ __device__ __forceinline__ void encode_store(float (&u)[2][8], const Slot& slot,
       const float r = scale_recip<kFast>(s);
       uint32_t word = 0;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) word |= v41q::e2m1_rne(scale_quotient<kFast>(u[h][j], s, r)) << (4 * j);
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t c = kFast ? v41q::fp4_code(u[h][j], s, r) : v41q::e2m1_rne(__fdiv_rn(u[h][j], s));
+        word |= c << (4 * j);
+      }
       *reinterpret_cast<uint32_t*>(slot.data + 128 * h + 4 * lane) = word;
       // block 16 h + lane / 2; lanes 8 g gather the four blocks of their 8-lane group
       const uint32_t c2 = shfl_idx(code, (lane + 2) & 31, 32), c4 = shfl_idx(code, (lane + 4) & 31, 32),

@@ -16,6 +16,9 @@
 //                    grid, as the code's parity is the value's), clamped at 6, with the sign of
 //                    q0 = u r (no NaN / sign fix-ups needed). Equal, bit for bit, for every bf16
 //                    u and every e4m3 s in [2^-9, 448] (host check below).
+//   fp4_code(u, s, r) e2m1_rne(u / s) for r = recip_e4m3(s): the same FMAs and grid rounding,
+//                    the code read off the grid value, the sign (also of a zero) u's. Equal for
+//                    every bf16 u and every e4m3 s in [2^-9, 448] (host check below).
 //   recip_e4m3(s)    rn(1 / s) of a positive e4m3 value s (2^-9 <= s <= 448), exactly: s = M 2^E
 //                    with M = 1 + k / 8, so 1 / s = rn(8 / (8 + k)) 2^-E (a table of 8 rounded
 //                    mantissas; the power-of-two scaling is exact in this range)
@@ -112,6 +115,29 @@ FC_QUANT_FN float fake_quant_grid(float u, float s, float r) {
   const float m = fminf(sum - c, 6.0f);
 #endif
   return q0 < 0.0f ? -m : m;  // q0 = u r carries u's sign (+-inf included; NaN: not negative)
+}
+
+FC_QUANT_FN uint32_t fp4_code(float u, float s, float r) {
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmul_rn(u, r);
+  const float q = __fmaf_rn(__fmaf_rn(-q0, s, u), r, q0);
+#else
+  const float q0 = u * r;
+  const float q = std::fmaf(std::fmaf(-q0, s, u), r, q0);
+#endif
+  const float a = fabsf(q);
+  const float c = a < 2.0f ? 4194304.0f : (a < 4.0f ? 8388608.0f : 16777216.0f);
+#if defined(__CUDA_ARCH__)
+  const float m = fminf(__fadd_rn(__fadd_rn(a, c), -c), 6.0f);
+#else
+  const volatile float sum = a + c;
+  const float m = fminf(sum - c, 6.0f);
+#endif
+  // grid value -> code: 1, 1.5, 2, 3, 4, 6 have bits >> 22 = 254 .. 259 (codes 2 .. 7), 0.5 is 1
+  const uint32_t mb = quant::float_bits(m);
+  const uint32_t mag = mb >= 0x3F800000u ? (mb >> 22) - 252u : (mb != 0u ? 1u : 0u);
+  const uint32_t ub = quant::float_bits(u);
+  return quant::is_nan_bits(ub) ? 0x7u : (mag | ((ub >> 28) & 0x8u));  // the quotient's sign is u's
 }
 
 }  // namespace v41q

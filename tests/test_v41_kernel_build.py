@@ -9,8 +9,8 @@
   sm_90) gives the PyTorch backend's RNE codes on the e2m1 ties, around every midpoint, and on
   a spread of random fp32 patterns (NaN excluded: both map it to 0x7 anyway).
 * The fast design's division-free quantisation (``v41q::recip_e4m3`` / ``div_by`` /
-  ``fake_quant_grid``): exhaustively equal to the IEEE quotient's e2m1 code and fake-quant value
-  over every bf16 numerator and e4m3 scale (``tests/native/v41_div_host.cpp``).
+  ``fake_quant_grid`` / ``fp4_code``): exhaustively equal to the IEEE quotient's e2m1 code and
+  fake-quant value over every bf16 numerator and e4m3 scale (``tests/native/v41_div_host.cpp``).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def test_fast_division_free_quantisation_is_exact(tmp_path: Path) -> None:
                    text=True)
     res = subprocess.run([str(exe)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "fake_quant_grid_bad 0" in res.stdout and "code_bad 0" in res.stdout, res.stdout
+    assert "fake_quant_grid_bad 0 fp4_code_bad 0" in res.stdout and "code_bad 0" in res.stdout, res.stdout
 
 
 def test_bench_v41_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,7 +12,7 @@
 using namespace flashcompress;
 
 int main() {
-  long long checked = 0, bad_q = 0, bad_r = 0, bad_code = 0, bad_fq = 0;
+  long long checked = 0, bad_q = 0, bad_r = 0, bad_code = 0, bad_fq = 0, bad_fp4 = 0;
   uint32_t worst = 0;
   for (uint32_t code = 1; code <= 0x7Eu; ++code) {
     const float s = v41q::e4m3_value(code);
@@ -36,13 +36,16 @@ int main() {
         if (v41q::e2m1_rne(want) != v41q::e2m1_rne(got)) ++bad_code;
       }
       bad_q += !same;
+      if (v41q::fp4_code(u, s, r) != v41q::e2m1_rne(want)) {
+        if (++bad_fp4 <= 4) std::printf("fp4_code u=%08x s=%a\n", h << 16, s);
+      }
       const float fq_want = v41q::e2m1_value(v41q::e2m1_rne(want + 0.0f));
       if (quant::float_bits(v41q::fake_quant_grid(u, s, r)) != quant::float_bits(fq_want)) {
         if (++bad_fq <= 4) std::printf("fake_quant_grid u=%08x s=%a\n", h << 16, s);
       }
     }
   }
-  std::printf("fake_quant_grid_bad %lld\n", bad_fq);
+  std::printf("fake_quant_grid_bad %lld fp4_code_bad %lld\n", bad_fq, bad_fp4);
   // the V4 tile scale divides max(amax, 1e-4f) by 448: the floor is the one non-bf16 numerator
   const volatile float floor_v = 1e-4f;
   const bool floor_ok = quant::float_bits(v41q::div_by(1e-4f, 448.0f, v41q::recip_e4m3(448.0f))) ==
@@ -50,5 +53,5 @@ int main() {
   std::printf("floor_ok %d\n", floor_ok ? 1 : 0);
   std::printf("checked %lld recip_bad %lld quot_bad %lld code_bad %lld largest |u| %a\n", checked, bad_r, bad_q,
               bad_code, quant::bits_float(worst));
-  return (!floor_ok || bad_fq || bad_r || bad_code || worst >= 0x02800000u  /* 2^-122 */) ? 1 : 0;
+  return (!floor_ok || bad_fq || bad_fp4 || bad_r || bad_code || worst >= 0x02800000u  /* 2^-122 */) ? 1 : 0;
 }
