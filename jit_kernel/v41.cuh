@@ -36,6 +36,7 @@
 //   latent = bf16((x * nf) * w); RoPE re' = fma(re, c, -(im s)), im' = fma(re, s, im c), bf16;
 //   c2 pooling e = fp32(exp(fp64(-|s0 - s1|))), (k0 a0 + k1 a1) / (1 + e) with fma(k0, a0, k1 a1).
 //
+// Design fast2: fast, plus two warps per row for decode-sized c1 launches (c1_split_kernel).
 // Fast design (kDesign = kFast; c1 and c2, index-K has one design), the same bytes:
 //   * blocks by launch size: up to 1024 rows (c2 prefill: row pairs) one warp per block, so a
 //     decode batch spreads over as many SMs as it has rows; larger launches 4 warps per block.
@@ -327,24 +328,22 @@ __device__ __forceinline__ float scale_recip(float s) {
   }
 }
 
-// Fake quantisation (spec §2.2) of the rotated row u, in place: q = e2m1(u / S + 0) * S.
+// Fake quantisation (spec §2.2) of one half row u (dims 256 h + 8 lane + j), in place:
+// q = e2m1(u / S + 0) * S, S per 16 dims (2 lanes).
 template <bool kFast>
-__device__ __forceinline__ void fake_quant_row(float (&u)[2][8]) {
+__device__ __forceinline__ void fake_quant_half(float (&u)[8]) {
+  const float amax = lanes_max<2>(abs_max8(u));
+  const float s = v41q::e4m3_value(kv_scale_code(__fmul_rn(amax, kInvSix)));
+  const float r = scale_recip<kFast>(s);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float amax = lanes_max<2>(abs_max8(u[h]));
-    const float s = v41q::e4m3_value(kv_scale_code(__fmul_rn(amax, kInvSix)));
-    const float r = scale_recip<kFast>(s);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      float grid;
-      if constexpr (kFast) {
-        grid = v41q::fake_quant_grid(u[h][j], s, r);
-      } else {
-        grid = v41q::e2m1_value(v41q::e2m1_rne(__fadd_rn(__fdiv_rn(u[h][j], s), 0.0f)));
-      }
-      u[h][j] = __fmul_rn(grid, s);
+  for (int j = 0; j < 8; ++j) {
+    float grid;
+    if constexpr (kFast) {
+      grid = v41q::fake_quant_grid(u[j], s, r);
+    } else {
+      grid = v41q::e2m1_value(v41q::e2m1_rne(__fadd_rn(__fdiv_rn(u[j], s), 0.0f)));
     }
+    u[j] = __fmul_rn(grid, s);
   }
 }
 
@@ -354,76 +353,74 @@ __device__ __forceinline__ uint64_t fp8x8(const float (&x)[8], float inv) {
   return static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
 }
 
-// Encode and store the rotated row u (fp4 layouts) or its fake-quantised q (the others) at `slot`.
-// Every lane of the warp must call it (the scale reductions shuffle).
+// Encode and store half h of the rotated row (u: dims 256 h + 8 lane + j; fp4 layouts) or of its
+// fake-quantised q (the others) at `slot`. Every lane of the warp must call it (the scale
+// reductions shuffle).
 template <V41Layout kLayout, bool kFast>
-__device__ __forceinline__ void encode_store(float (&u)[2][8], const Slot& slot, int lane) {
+__device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& slot, int lane) {
   using T = LayoutTraits<kLayout>;
   if constexpr (T::kFp4) {
+    const float amax = lanes_max<2>(abs_max8(u));  // bf16-exact, as u
+    const uint32_t code =
+        kv_scale_code(scale_quotient<kFast>(amax, quant::kE2m1Max, scale_recip<kFast>(quant::kE2m1Max)));
+    const float s = v41q::e4m3_value(code);
+    const float r = scale_recip<kFast>(s);
+    uint32_t word = 0;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float amax = lanes_max<2>(abs_max8(u[h]));  // bf16-exact, as u
-      const uint32_t code =
-          kv_scale_code(scale_quotient<kFast>(amax, quant::kE2m1Max, scale_recip<kFast>(quant::kE2m1Max)));
-      const float s = v41q::e4m3_value(code);
-      const float r = scale_recip<kFast>(s);
-      uint32_t word = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint32_t c = kFast ? v41q::fp4_code(u[h][j], s, r) : v41q::e2m1_rne(__fdiv_rn(u[h][j], s));
-        word |= c << (4 * j);
-      }
-      *reinterpret_cast<uint32_t*>(slot.data + 128 * h + 4 * lane) = word;
-      // block 16 h + lane / 2; lanes 8 g gather the four blocks of their 8-lane group
-      const uint32_t c2 = shfl_idx(code, (lane + 2) & 31, 32), c4 = shfl_idx(code, (lane + 4) & 31, 32),
-                     c6 = shfl_idx(code, (lane + 6) & 31, 32);
-      if ((lane & 7) == 0) {
-        *reinterpret_cast<uint32_t*>(slot.scales + 16 * h + lane / 2) = code | (c2 << 8) | (c4 << 16) | (c6 << 24);
-      }
+    for (int j = 0; j < 8; ++j) {
+      const uint32_t c = kFast ? v41q::fp4_code(u[j], s, r) : v41q::e2m1_rne(__fdiv_rn(u[j], s));
+      word |= c << (4 * j);
+    }
+    *reinterpret_cast<uint32_t*>(slot.data + 128 * h + 4 * lane) = word;
+    // block 16 h + lane / 2; lanes 8 g gather the four blocks of their 8-lane group
+    const uint32_t c2 = shfl_idx(code, (lane + 2) & 31, 32), c4 = shfl_idx(code, (lane + 4) & 31, 32),
+                   c6 = shfl_idx(code, (lane + 6) & 31, 32);
+    if ((lane & 7) == 0) {
+      *reinterpret_cast<uint32_t*>(slot.scales + 16 * h + lane / 2) = code | (c2 << 8) | (c4 << 16) | (c6 << 24);
     }
   } else {
-    fake_quant_row<kFast>(u);
+    fake_quant_half<kFast>(u);
     if constexpr (T::kFp8Tiles) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint32_t bits = quant::float_bits(lanes_max<4>(abs_max8(u[h])));
-        int32_t e = static_cast<int32_t>(bits >> 23) - 8 + ((bits & 0x7FFFFFu) > 0x600000u ? 1 : 0);
-        e = e < static_cast<int32_t>(kV41MinExponent) ? static_cast<int32_t>(kV41MinExponent) : e;
-        const uint32_t ue = static_cast<uint32_t>(e);
-        *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u[h], quant::inv_ue8m0(ue));
-        // tile 8 h + lane / 4; lanes 16 g gather four tiles
-        const uint32_t e4 = shfl_idx(ue, (lane + 4) & 31, 32), e8 = shfl_idx(ue, (lane + 8) & 31, 32),
-                       e12 = shfl_idx(ue, (lane + 12) & 31, 32);
-        if ((lane & 15) == 0) {
-          *reinterpret_cast<uint32_t*>(slot.scales + 8 * h + lane / 4) = ue | (e4 << 8) | (e8 << 16) | (e12 << 24);
-        }
+      const uint32_t bits = quant::float_bits(lanes_max<4>(abs_max8(u)));
+      int32_t e = static_cast<int32_t>(bits >> 23) - 8 + ((bits & 0x7FFFFFu) > 0x600000u ? 1 : 0);
+      e = e < static_cast<int32_t>(kV41MinExponent) ? static_cast<int32_t>(kV41MinExponent) : e;
+      const uint32_t ue = static_cast<uint32_t>(e);
+      *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u, quant::inv_ue8m0(ue));
+      // tile 8 h + lane / 4; lanes 16 g gather four tiles
+      const uint32_t e4 = shfl_idx(ue, (lane + 4) & 31, 32), e8 = shfl_idx(ue, (lane + 8) & 31, 32),
+                     e12 = shfl_idx(ue, (lane + 12) & 31, 32);
+      if ((lane & 15) == 0) {
+        *reinterpret_cast<uint32_t*>(slot.scales + 8 * h + lane / 4) = ue | (e4 << 8) | (e8 << 16) | (e12 << 24);
       }
     } else if constexpr (kLayout == V41Layout::kUniformFp8) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u[h], 1.0f);
+      *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u, 1.0f);
     } else {  // V4: 7 tiles of 64 e4m3 + 64 bf16 RoPE dims; scale byte 7 untouched
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        // amax: a fake-quant value (bf16-exact, >= 2^-10 when not 0) or the floor 1e-4f, so
-        // the fast design's division is exact (host check)
-        const float amax = fmaxf(lanes_max<8>(abs_max8(u[h])), kAmaxFloor);
-        const uint32_t ue = quant::ue8m0_ceil(
-            scale_quotient<kFast>(amax, quant::kE4m3Max, scale_recip<kFast>(quant::kE4m3Max)));
-        const bool rope = h == 1 && lane >= 24;
-        if (!rope) {
-          *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u[h], quant::inv_ue8m0(ue));
-          if ((lane & 7) == 0) slot.scales[4 * h + lane / 8] = static_cast<uint8_t>(ue);
-        } else {
-          uint4 v;
-          v.x = quant::bf16x2_bits(u[h][0], u[h][1]);
-          v.y = quant::bf16x2_bits(u[h][2], u[h][3]);
-          v.z = quant::bf16x2_bits(u[h][4], u[h][5]);
-          v.w = quant::bf16x2_bits(u[h][6], u[h][7]);
-          *reinterpret_cast<uint4*>(slot.data + 448 + 16 * (lane - 24)) = v;
-        }
+      // amax: a fake-quant value (bf16-exact, >= 2^-10 when not 0) or the floor 1e-4f, so the
+      // fast design's division is exact (host check)
+      const float amax = fmaxf(lanes_max<8>(abs_max8(u)), kAmaxFloor);
+      const uint32_t ue = quant::ue8m0_ceil(
+          scale_quotient<kFast>(amax, quant::kE4m3Max, scale_recip<kFast>(quant::kE4m3Max)));
+      const bool rope = h == 1 && lane >= 24;
+      if (!rope) {
+        *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u, quant::inv_ue8m0(ue));
+        if ((lane & 7) == 0) slot.scales[4 * h + lane / 8] = static_cast<uint8_t>(ue);
+      } else {
+        uint4 v;
+        v.x = quant::bf16x2_bits(u[0], u[1]);
+        v.y = quant::bf16x2_bits(u[2], u[3]);
+        v.z = quant::bf16x2_bits(u[4], u[5]);
+        v.w = quant::bf16x2_bits(u[6], u[7]);
+        *reinterpret_cast<uint4*>(slot.data + 448 + 16 * (lane - 24)) = v;
       }
     }
   }
+}
+
+// The whole row (both halves).
+template <V41Layout kLayout, bool kFast>
+__device__ __forceinline__ void encode_store(float (&u)[2][8], const Slot& slot, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) encode_half<kLayout, kFast>(u[h], h, slot, lane);
 }
 
 // Publish the latent row, then RoPE at `rope_pos`, quantise and store at `loc` (loc < 0: no store).
@@ -495,6 +492,37 @@ __global__ void __launch_bounds__(kFastMaxThreads) c1_fast_kernel(const V41Args 
   load_rope(a, pos, loc > 0, lane, cs);
   rms_norm_row(x, w, a.eps);
   finish_row_loaded<kLayout>(x, cs, a, row, loc > 0 ? loc : -1, lane);
+}
+
+// Design fast2, decode-sized c1 launches: two warps per row (one 64-thread block), warp h holding
+// half h (dims 256 h + 8 lane + j), so each lane quantises 8 dims instead of 16. The eight torch
+// warp partials meet in shared memory and every thread adds them in order (the same sum as
+// rms_norm_row); everything else is per half.
+template <V41Layout kLayout>
+__global__ void __launch_bounds__(64) c1_split_kernel(const V41Args a) {
+  __shared__ float partial[8];
+  pdl_enter<true>();
+  const int lane = threadIdx.x & 31, h = threadIdx.x >> 5;
+  const int64_t row = blockIdx.x;  // the grid has one block per row
+  const int64_t loc = ld_index_now(a.loc, a.loc_i64, row);
+  const int64_t pos = ld_index_now(a.positions, a.positions_i64, row);
+  float x[8], w[8], cs[8];
+  bf16x8_now(a.norm_weight + 256 * h + 8 * lane, w);
+  bf16x8_now(static_cast<const uint16_t*>(a.input) + row * kDim + 256 * h + 8 * lane, x);
+  load_rope(a, pos, loc > 0 && h == 1, lane, cs);
+  const float p = torch_warp_partial(x);  // torch warp 4 h + lane / 8
+  if ((lane & 7) == 0) partial[4 * h + (lane >> 3)] = p;
+  __syncthreads();
+  float ss = partial[0];
+#pragma unroll
+  for (int k = 1; k < 8; ++k) ss = __fadd_rn(ss, partial[k]);
+  const float nf = norm_factor<kDim>(ss, a.eps);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) x[j] = quant::bf16_round(__fmul_rn(__fmul_rn(x[j], nf), w[j]));
+  store_bf16x8(a.out + row * kDim + 256 * h + 8 * lane, x);
+  if (loc <= 0) return;  // block-uniform
+  if (h == 1 && lane >= 24) rope8(x, cs);
+  encode_half<kLayout, true>(x, h, slot_at(a.paging, loc), lane);
 }
 
 // kv and score halves of an fp32 [1024] row: kv[h][j] = dim 256 h + 8 lane + j, score likewise.
@@ -860,8 +888,14 @@ inline constexpr int kFastWideWarps = kFastMaxThreads / 32;
 template <V41Op kOp, V41Layout kLayout, V41Design kDesign>
 gpuError_t V41Launch<kOp, kLayout, kDesign>::run(const V41Args& args, gpuStream_t stream) {
   const auto blocks = [](int64_t items, int per_block) { return static_cast<unsigned>((items + per_block - 1) / per_block); };
-  if constexpr (kDesign == V41Design::kFast && kOp != V41Op::kIndexK) {
+  if constexpr (kDesign != V41Design::kBase && kOp != V41Op::kIndexK) {
     const bool decode = args.rows <= v41::kFastDecodeRowsMax;
+    if constexpr (kDesign == V41Design::kFast2 && kOp == V41Op::kC1) {
+      if (decode) {
+        const LaunchConfig split{static_cast<unsigned>(args.rows), 64, 0, 1, kPdlLaunch};
+        return launch_kernel(v41::c1_split_kernel<kLayout>, split, stream, args);
+      }
+    }
     const int warps = decode ? 1 : v41::kFastWideWarps;
     const LaunchConfig rows{blocks(args.rows, warps), static_cast<unsigned>(32 * warps), 0, 1, kPdlLaunch};
     if constexpr (kOp == V41Op::kC1) {

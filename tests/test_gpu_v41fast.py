@@ -1,12 +1,11 @@
-"""The ``v41`` family's ``design="fast"`` kernels, byte for byte (``pytest -m gpu``).
+"""The ``v41`` family's ``design="fast"`` / ``"fast2"`` kernels, byte for byte (``pytest -m gpu``).
 
 * Every test of ``tests/test_gpu_v41_kernels.py`` (every layout, int32 / int64 metadata, both
   eps values, padded rows and sentinels, verify blocks, prefill write-back, page sizes, chunked
   schedules, CUDA-graph capture) and the golden vectors of ``tests/test_v41_golden.py`` run again
-  here with the fast design selected (the autouse fixture below): CPU (PyTorch reference) vs
-  CUDA bits.
-* Launch-shape edges of the fast design: 1024 / 1025 / 1027 rows (one-warp blocks up to 1024
-  rows, four-warp blocks above), a 2100-row prefill, a ring of 3 (not a power of two).
+  here once per fast design (the autouse fixture below): CPU (PyTorch reference) vs CUDA bits.
+* Launch-shape edges: 1024 / 1025 / 1027 rows (one-warp blocks, or fast2's two-warp rows, up to
+  1024 rows, four-warp blocks above), a 2101-row prefill, a ring of 3 (not a power of two).
 * Inputs that reach the exact fallbacks and the edges of the division-free quantisation: zero
   rows, equal scores (e = 1), huge and tiny magnitudes (the pool division's out-of-range path),
   bf16 subnormals; against the reference on CPU, and against the base design on the GPU for
@@ -35,10 +34,11 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 L = KVLayout
 
 
-@pytest.fixture(autouse=True)
-def fast_design(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every call of this module launches the fast kernels."""
-    monkeypatch.setattr(v41_ops, "_DESIGN", ["fast"])
+@pytest.fixture(autouse=True, params=["fast", "fast2"])
+def fast_design(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test of this module runs once per fast design (``fast2``: two warps per c1 decode row)."""
+    monkeypatch.setattr(v41_ops, "_DESIGN", [request.param])
+    return request.param
 
 
 def _edge_latent_rows(n: int, seed: int) -> torch.Tensor:
@@ -121,9 +121,9 @@ def test_fast_c2_prefill_wide_launch(layout: KVLayout, ring: int) -> None:
 
 
 def _both_designs(fn, *args, **kwargs) -> None:
-    """Run ``fn`` on CUDA copies with the base and the fast design; every tensor must match bitwise."""
+    """Run ``fn`` on CUDA copies with the base and the module's fast design; every tensor must match."""
     outs = []
-    for design in ("base", "fast"):
+    for design in ("base", v41_ops._DESIGN[0]):
         v41_ops._DESIGN[0] = design
         a = [x.clone().cuda() if isinstance(x, torch.Tensor) else x for x in args]
         k = {n: (v.clone().cuda() if isinstance(v, torch.Tensor) else v) for n, v in kwargs.items()}

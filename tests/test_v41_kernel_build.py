@@ -43,7 +43,7 @@ def test_v41_family_registration() -> None:
     fam = get_family("v41")
     assert fam is v41.V41 and fam.exports == ("forward",)
     variants = fam.expand()
-    assert len(variants) == 3 * 6 * 2 + 1
+    assert len(variants) == 3 * 6 * 3 + 1
     assert {"op": "index_k", "layout": "none", "design": "base"} in variants
     assert fam.key(target="cuda:9.0a", op="c1", layout="v4").param_dict["design"] == "base"
     with pytest.raises(ValueError):
@@ -68,7 +68,7 @@ def test_v41_design_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 @requires_nvcc
 @pytest.mark.parametrize("op,layout,design", [("c1", "v4", "base"), ("c2_prefill", "v41_fp4_new", "base"),
                                               ("index_k", "none", "base"), ("c1", "v41_fp4", "fast"),
-                                              ("c2_prefill", "v4", "fast")])
+                                              ("c2_prefill", "v4", "fast"), ("c1", "v4", "fast2")])
 def test_v41_variant_builds_for_sm90a(jit_env, op: str, layout: str, design: str) -> None:
     from flashcompress.jit import get_module
 

@@ -9,9 +9,10 @@ on the caller's current stream, never synchronising the host, CUDA-graph captura
 Variants: ``(op, layout, design)`` with ``op`` in ``c1``, ``c2_decode`` (decode and verify),
 ``c2_prefill`` (pool pass + ring write-back) and ``index_k`` (``layout="none"``);
 page size, ring size, draft length and ratio are runtime arguments.  ``design``:
-``"base"`` (the first kernels, the default) or ``"fast"`` (latency-first load groups,
-one warp per block for decode-sized launches, division-free quantisation; index_k has
-only ``"base"``).  The calls below use :func:`current_design` (``set_design``, or the
+``"base"`` (the first kernels, the default), ``"fast"`` (latency-first load groups,
+one warp per block for decode-sized launches, division-free quantisation, branch-free
+pair weights, one warp per row pair in prefill) or ``"fast2"`` (``"fast"`` with two warps
+per row for decode-sized c1 launches); index_k has only ``"base"``.  The calls below use :func:`current_design` (``set_design``, or the
 environment variable ``FLASHCOMPRESS_V41_DESIGN`` at import).  One export, ``forward``
 (signatures in ``jit_kernel/v41_binding.h``).  Bytes equal the PyTorch backend's on every
 layout (``tests/test_gpu_v41_kernels.py``, ``tests/test_gpu_v41fast.py``).
@@ -36,7 +37,7 @@ __all__ = ["DESIGNS", "EXPORTS", "OPS", "V41", "LAYOUTS", "c1_decode", "c2_decod
 EXPORTS = ("forward",)
 OPS = ("c1", "c2_decode", "c2_prefill", "index_k")
 LAYOUTS = tuple(m.value for m in KVLayout) + ("none",)
-DESIGNS = ("base", "fast")
+DESIGNS = ("base", "fast", "fast2")
 DEFAULT_DESIGN = "base"
 
 
@@ -135,7 +136,7 @@ _DESIGN = [os.environ.get("FLASHCOMPRESS_V41_DESIGN", DEFAULT_DESIGN)]
 
 
 def set_design(design: str) -> None:
-    """Pick the kernel design (``"base"`` or ``"fast"``) that the c1 / c2 calls launch from now on."""
+    """Pick the kernel design (one of :data:`DESIGNS`) that the c1 / c2 calls launch from now on."""
     if design not in DESIGNS:
         raise ValueError(f"v41: design must be one of {DESIGNS}, got {design!r}")
     _DESIGN[0] = design
