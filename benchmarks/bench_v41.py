@@ -19,9 +19,9 @@ per pooled decode row whose partner is in the ring) and rows parked (4096 B), 8 
 metadata per row (+ 8 B req for c2), the RoPE row (256 B) and the cache entry (layout bytes /
 68 B) per stored row.
 
-``--design``: the ``v41`` kernel designs to time (``base``, ``fast``, ``fast2``; comma-separated, each case once per design,
-the layer column ``LAYOUT/DESIGN``; default: the current one, ``FLASHCOMPRESS_V41_DESIGN`` or
-``base``). Index-K has one design and runs once.
+``--design``: the ``v41`` kernel designs to time (``base``, ``fast``, ``fast2``; comma-separated;
+each case once per design, the layer column ``LAYOUT/DESIGN``; default: the current one,
+``FLASHCOMPRESS_V41_DESIGN`` or ``base``). Index-K has one design and runs once.
 
 ``--peer``: SGLang's V4.1 fused kernels (``benchmarks/_peer.py``: ``FlashCompress1Kernel``,
 ``FlashCompress2Kernel`` decode / prefill fusion, ``IndexKKernel``) on the same inputs, state

@@ -36,7 +36,8 @@
 //   latent = bf16((x * nf) * w); RoPE re' = fma(re, c, -(im s)), im' = fma(re, s, im c), bf16;
 //   c2 pooling e = fp32(exp(fp64(-|s0 - s1|))), (k0 a0 + k1 a1) / (1 + e) with fma(k0, a0, k1 a1).
 //
-// Design fast2: fast, plus two warps per row for decode-sized c1 launches (c1_split_kernel).
+// Design fast2: fast, plus two warps per row for decode-sized c1 and c2 decode / verify launches
+// (c1_split_kernel, c2_split_kernel).
 // Fast design (kDesign = kFast; c1 and c2, index-K has one design), the same bytes:
 //   * blocks by launch size: up to 1024 rows (c2 prefill: row pairs) one warp per block, so a
 //     decode batch spreads over as many SMs as it has rows; larger launches 4 warps per block.
@@ -449,11 +450,13 @@ __device__ __forceinline__ void finish_row_loaded(float (&x)[2][8], const float 
   encode_store<kLayout, true>(x, slot_at(a.paging, loc), lane);
 }
 
-// The RoPE operands of lanes 24..31 for table row `rope_pos` (nothing loaded when !live).
+// The RoPE operands of lanes 24..31 for table row `rope_pos` (nothing loaded when !live); kEarly:
+// issued here (a plain load may be scheduled next to its use, after the pooling / norm).
+template <bool kEarly = false>
 __device__ __forceinline__ void load_rope(const V41Args& a, int64_t rope_pos, bool live, int lane, float (&cs)[8]) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) cs[j] = 0.0f;
-  if (live && lane >= 24) load_f32x8(a.freq + rope_pos * 64 + 8 * (lane - 24), cs);
+  if (live && lane >= 24) ld_f32x8<kEarly>(a.freq + rope_pos * 64 + 8 * (lane - 24), cs);
 }
 
 template <V41Layout kLayout>
@@ -489,9 +492,34 @@ __global__ void __launch_bounds__(kFastMaxThreads) c1_fast_kernel(const V41Args 
   ld_weight<kEarly>(a.norm_weight, lane, w);
   ld_bf16x8<kEarly>(in + 8 * lane, x[0]);
   ld_bf16x8<kEarly>(in + 256 + 8 * lane, x[1]);
-  load_rope(a, pos, loc > 0, lane, cs);
+  load_rope<kEarly>(a, pos, loc > 0, lane, cs);
   rms_norm_row(x, w, a.eps);
   finish_row_loaded<kLayout>(x, cs, a, row, loc > 0 ? loc : -1, lane);
+}
+
+// RMSNorm of a row split over the two warps of a block (warp h: half h): the eight torch warp
+// partials meet in `partial` and every thread adds them in order (rms_norm_row's sum).
+__device__ __forceinline__ void rms_norm_half(float (&x)[8], const float (&w)[8], float eps, int h, int lane,
+                                              float (&partial)[8]) {
+  const float p = torch_warp_partial(x);  // torch warp 4 h + lane / 8
+  if ((lane & 7) == 0) partial[4 * h + (lane >> 3)] = p;
+  __syncthreads();
+  float ss = partial[0];
+#pragma unroll
+  for (int k = 1; k < 8; ++k) ss = __fadd_rn(ss, partial[k]);
+  const float nf = norm_factor<kDim>(ss, eps);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) x[j] = quant::bf16_round(__fmul_rn(__fmul_rn(x[j], nf), w[j]));
+}
+
+// Half h of finish_row_loaded: publish, RoPE (half 1, lanes 24..31), encode and store (loc < 0: none).
+template <V41Layout kLayout>
+__device__ __forceinline__ void finish_half(float (&x)[8], const float (&cs)[8], const V41Args& a, int64_t row,
+                                            int64_t loc, int h, int lane) {
+  store_bf16x8(a.out + row * kDim + 256 * h + 8 * lane, x);
+  if (loc < 0) return;  // block-uniform
+  if (h == 1 && lane >= 24) rope8(x, cs);
+  encode_half<kLayout, true>(x, h, slot_at(a.paging, loc), lane);
 }
 
 // Design fast2, decode-sized c1 launches: two warps per row (one 64-thread block), warp h holding
@@ -509,20 +537,9 @@ __global__ void __launch_bounds__(64) c1_split_kernel(const V41Args a) {
   float x[8], w[8], cs[8];
   bf16x8_now(a.norm_weight + 256 * h + 8 * lane, w);
   bf16x8_now(static_cast<const uint16_t*>(a.input) + row * kDim + 256 * h + 8 * lane, x);
-  load_rope(a, pos, loc > 0 && h == 1, lane, cs);
-  const float p = torch_warp_partial(x);  // torch warp 4 h + lane / 8
-  if ((lane & 7) == 0) partial[4 * h + (lane >> 3)] = p;
-  __syncthreads();
-  float ss = partial[0];
-#pragma unroll
-  for (int k = 1; k < 8; ++k) ss = __fadd_rn(ss, partial[k]);
-  const float nf = norm_factor<kDim>(ss, a.eps);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) x[j] = quant::bf16_round(__fmul_rn(__fmul_rn(x[j], nf), w[j]));
-  store_bf16x8(a.out + row * kDim + 256 * h + 8 * lane, x);
-  if (loc <= 0) return;  // block-uniform
-  if (h == 1 && lane >= 24) rope8(x, cs);
-  encode_half<kLayout, true>(x, h, slot_at(a.paging, loc), lane);
+  load_rope<true>(a, pos, loc > 0 && h == 1, lane, cs);
+  rms_norm_half(x, w, a.eps, h, lane, partial);
+  finish_half<kLayout>(x, cs, a, row, loc > 0 ? loc : -1, h, lane);
 }
 
 // kv and score halves of an fp32 [1024] row: kv[h][j] = dim 256 h + 8 lane + j, score likewise.
@@ -607,50 +624,44 @@ __device__ __forceinline__ float rcp_approx(float d) {
 // neighbours. bf16 rounding maps all three to the same value unless q is within a few ulps of a
 // bf16 rounding boundary (low 16 bits near 0x8000); that case, and any num outside
 // [2^-100, 2^101) (zeros, subnormals, inf, NaN: no ulp bound), takes the IEEE division.
-__device__ __forceinline__ void pool_pair_fast(float (&k1)[2][8], float (&s1)[2][8], float (&k0)[2][8],
-                                               const float (&s0)[2][8]) {
+// One half row (8 channels per lane); k1 gets the pooled bf16 values, s1 and k0 are scratch.
+__device__ __forceinline__ void pool_half_fast(float (&k1)[8], float (&s1)[8], float (&k0)[8], const float (&s0)[8]) {
   // pass 1: numerator (into k1) and denominator (into s1) of every channel, as pool_pair
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float d = __fsub_rn(s0[h][j], s1[h][j]);
-      const float e = pair_weight(d);
-      const bool first = d > 0.0f;
-      const float a0 = first ? 1.0f : e, a1 = first ? e : 1.0f;
-      k1[h][j] = __fmaf_rn(k0[h][j], a0, __fmul_rn(k1[h][j], a1));
-      s1[h][j] = __fadd_rn(1.0f, e);
-    }
+  for (int j = 0; j < 8; ++j) {
+    const float d = __fsub_rn(s0[j], s1[j]);
+    const float e = pair_weight(d);
+    const bool first = d > 0.0f;
+    const float a0 = first ? 1.0f : e, a1 = first ? e : 1.0f;
+    k1[j] = __fmaf_rn(k0[j], a0, __fmul_rn(k1[j], a1));
+    s1[j] = __fadd_rn(1.0f, e);
   }
   // pass 2: the quotients (into k0)
   bool exact = false;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float num = k1[h][j], den = s1[h][j];
-      const float r = rcp_approx(den);
-      const float q0 = __fmul_rn(num, r);
-      const float q = __fmaf_rn(__fmaf_rn(-q0, den, num), r, q0);
-      const uint32_t nb = quant::float_bits(num), qb = quant::float_bits(q);
-      const bool out_of_range = ((nb >> 23) & 0xFFu) - 27u > 200u;  // biased exponent outside [27, 227]
-      const bool near_tie = (qb & 0xFFFFu) - 0x7FFCu <= 8u;
-      exact |= out_of_range | near_tie;  // | (not ||): no branch per channel
-      k0[h][j] = quant::bf16_round(q);
-    }
+  for (int j = 0; j < 8; ++j) {
+    const float num = k1[j], den = s1[j];
+    const float r = rcp_approx(den);
+    const float q0 = __fmul_rn(num, r);
+    const float q = __fmaf_rn(__fmaf_rn(-q0, den, num), r, q0);
+    const uint32_t nb = quant::float_bits(num), qb = quant::float_bits(q);
+    const bool out_of_range = ((nb >> 23) & 0xFFu) - 27u > 200u;  // biased exponent outside [27, 227]
+    const bool near_tie = (qb & 0xFFFFu) - 0x7FFCu <= 8u;
+    exact |= out_of_range | near_tie;  // | (not ||): no branch per channel
+    k0[j] = quant::bf16_round(q);
   }
-  if (exact) {  // rare: the IEEE division for the whole lane
+  if (exact) {  // rare: the IEEE division for the lane's 8 channels
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) k0[h][j] = quant::bf16_round(__fdiv_rn(k1[h][j], s1[h][j]));
-    }
+    for (int j = 0; j < 8; ++j) k0[j] = quant::bf16_round(__fdiv_rn(k1[j], s1[j]));
   }
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int j = 0; j < 8; ++j) k1[j] = k0[j];
+}
+
+__device__ __forceinline__ void pool_pair_fast(float (&k1)[2][8], float (&s1)[2][8], float (&k0)[2][8],
+                                               const float (&s0)[2][8]) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) k1[h][j] = k0[h][j];
-  }
+  for (int h = 0; h < 2; ++h) pool_half_fast(k1[h], s1[h], k0[h], s0[h]);
 }
 
 __device__ __forceinline__ int64_t ring_row(int64_t rid, int64_t pos, int64_t back, int64_t ring) {
@@ -743,11 +754,61 @@ __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_fast_ker
     store_pair_row(a.state + ring_row_fast(rid, pos, 0, a.ring_size) * kStateWidth, lane, k1, s1);
     return;
   }
-  if (!from_input) load_pair_row(a.state + ring_row_fast(rid, pos, 1, a.ring_size) * kStateWidth, lane, k0, s0);
-  load_rope(a, pos - 1, (raw >> 1) >= 0, lane, cs);  // as the base: no table read for a row that stores nothing
+  // the RoPE row (as the base: none for a row that stores nothing) before the ring partner: kEarly
+  // loads keep their order, so neither waits behind the pooling
+  load_rope<kEarly>(a, pos - 1, (raw >> 1) >= 0, lane, cs);
+  if (!from_input) {
+    const float* ring = a.state + ring_row_fast(rid, pos, 1, a.ring_size) * kStateWidth;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      ld_f32x8<kEarly>(ring + 256 * h + 8 * lane, k0[h]);
+      ld_f32x8<kEarly>(ring + kDim + 256 * h + 8 * lane, s0[h]);
+    }
+  }
   pool_pair_fast(k1, s1, k0, s0);
   rms_norm_row(k1, w, a.eps);
   finish_row_loaded<kLayout>(k1, cs, a, row, raw >> 1, lane);
+}
+
+// Design fast2, decode-sized c2 decode / verify launches: two warps per row (one 64-thread block),
+// warp h holding half h of the kv and score vectors, so each lane pools 8 channels (8 fp64 exps)
+// instead of 16; loads as c2_fast_kernel<kLayout, true>, norm as c1_split_kernel.
+template <V41Layout kLayout>
+__global__ void __launch_bounds__(64) c2_split_kernel(const V41Args a) {
+  __shared__ float partial[8];
+  pdl_enter<true>();
+  const int lane = threadIdx.x & 31, h = threadIdx.x >> 5;
+  const int64_t row = blockIdx.x;  // the grid has one block per row
+  const float* in = static_cast<const float*>(a.input) + row * kStateWidth;
+  const int off = 256 * h + 8 * lane;
+  const int64_t raw = ld_index_now(a.loc, a.loc_i64, row);
+  const int64_t pos = ld_index_now(a.positions, a.positions_i64, row);
+  const int64_t rid = ld_i64_now(a.req + row);
+  const bool from_input = a.draft_len > 1 && static_cast<uint32_t>(row) % static_cast<uint32_t>(a.draft_len) != 0;
+  float k1[8], s1[8], k0[8], s0[8], w[8], cs[8];
+  f32x8_now(in + off, k1);
+  f32x8_now(in + kDim + off, s1);
+  bf16x8_now(a.norm_weight + off, w);
+  if (from_input) {
+    f32x8_now(in - kStateWidth + off, k0);
+    f32x8_now(in - kStateWidth + kDim + off, s0);
+  }
+  if (raw == 0) return;  // padded row: nothing written (block-uniform, as every exit below)
+  if ((pos & 1) == 0) {
+    float* ring = a.state + ring_row_fast(rid, pos, 0, a.ring_size) * kStateWidth;
+    store_f32x8(ring + off, k1);
+    store_f32x8(ring + kDim + off, s1);
+    return;
+  }
+  load_rope<true>(a, pos - 1, (raw >> 1) >= 0 && h == 1, lane, cs);  // before the ring partner (see c2_fast_kernel)
+  if (!from_input) {
+    const float* ring = a.state + ring_row_fast(rid, pos, 1, a.ring_size) * kStateWidth;
+    f32x8_now(ring + off, k0);
+    f32x8_now(ring + kDim + off, s0);
+  }
+  pool_half_fast(k1, s1, k0, s0);
+  rms_norm_half(k1, w, a.eps, h, lane, partial);
+  finish_half<kLayout>(k1, cs, a, row, raw >> 1, h, lane);
 }
 
 // Fast design of the c2 prefill pool pass: warp w handles rows 2w and 2w + 1, so that a warp
@@ -890,10 +951,11 @@ gpuError_t V41Launch<kOp, kLayout, kDesign>::run(const V41Args& args, gpuStream_
   const auto blocks = [](int64_t items, int per_block) { return static_cast<unsigned>((items + per_block - 1) / per_block); };
   if constexpr (kDesign != V41Design::kBase && kOp != V41Op::kIndexK) {
     const bool decode = args.rows <= v41::kFastDecodeRowsMax;
-    if constexpr (kDesign == V41Design::kFast2 && kOp == V41Op::kC1) {
+    if constexpr (kDesign == V41Design::kFast2 && kOp != V41Op::kC2Prefill) {
       if (decode) {
         const LaunchConfig split{static_cast<unsigned>(args.rows), 64, 0, 1, kPdlLaunch};
-        return launch_kernel(v41::c1_split_kernel<kLayout>, split, stream, args);
+        if constexpr (kOp == V41Op::kC1) return launch_kernel(v41::c1_split_kernel<kLayout>, split, stream, args);
+        return launch_kernel(v41::c2_split_kernel<kLayout>, split, stream, args);
       }
     }
     const int warps = decode ? 1 : v41::kFastWideWarps;

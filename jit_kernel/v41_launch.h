@@ -54,7 +54,7 @@ struct V41Args {
 
 // Kernel design (the family's `design` parameter): kBase, the first kernels (8 rows per block);
 // kFast, latency-first loads, launch-size-dependent blocks and division-free quantisation
-// (v41.cuh, "Fast design"); kFast2, kFast with two warps per row for decode-sized c1 launches.
+// (v41.cuh, "Fast design"); kFast2, kFast with two warps per row for decode-sized c1 and c2 decode launches.
 // Index-K has one design.
 enum class V41Design : int { kBase = 0, kFast = 1, kFast2 = 2 };
 

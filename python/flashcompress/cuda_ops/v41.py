@@ -12,7 +12,7 @@ page size, ring size, draft length and ratio are runtime arguments.  ``design``:
 ``"base"`` (the first kernels, the default), ``"fast"`` (latency-first load groups,
 one warp per block for decode-sized launches, division-free quantisation, branch-free
 pair weights, one warp per row pair in prefill) or ``"fast2"`` (``"fast"`` with two warps
-per row for decode-sized c1 launches); index_k has only ``"base"``.  The calls below use :func:`current_design` (``set_design``, or the
+per row for decode-sized c1 and c2 decode / verify launches); index_k has only ``"base"``.  The calls below use :func:`current_design` (``set_design``, or the
 environment variable ``FLASHCOMPRESS_V41_DESIGN`` at import).  One export, ``forward``
 (signatures in ``jit_kernel/v41_binding.h``).  Bytes equal the PyTorch backend's on every
 layout (``tests/test_gpu_v41_kernels.py``, ``tests/test_gpu_v41fast.py``).
