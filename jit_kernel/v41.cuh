@@ -954,8 +954,11 @@ gpuError_t V41Launch<kOp, kLayout, kDesign>::run(const V41Args& args, gpuStream_
     if constexpr (kDesign == V41Design::kFast2 && kOp != V41Op::kC2Prefill) {
       if (decode) {
         const LaunchConfig split{static_cast<unsigned>(args.rows), 64, 0, 1, kPdlLaunch};
-        if constexpr (kOp == V41Op::kC1) return launch_kernel(v41::c1_split_kernel<kLayout>, split, stream, args);
-        return launch_kernel(v41::c2_split_kernel<kLayout>, split, stream, args);
+        if constexpr (kOp == V41Op::kC1) {
+          return launch_kernel(v41::c1_split_kernel<kLayout>, split, stream, args);
+        } else {
+          return launch_kernel(v41::c2_split_kernel<kLayout>, split, stream, args);
+        }
       }
     }
     const int warps = decode ? 1 : v41::kFastWideWarps;
