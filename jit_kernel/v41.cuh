@@ -138,28 +138,36 @@ __device__ __forceinline__ void store_f32x8(float* p, const float (&x)[8]) {
 
 // Loads that stay where the source puts them (volatile asm: not sunk past a branch or a use), so
 // that a row's independent loads leave in one burst. Plain weak global loads, as the others.
+// (HIP, which the family does not build today: plain loads.)
 __device__ __forceinline__ uint4 ld_u32x4_now(const void* p) {
+#if FC_GPU_HIP
+  return *static_cast<const uint4*>(p);
+#else
   uint4 v;
   asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
-}
-
-__device__ __forceinline__ int64_t ld_index_now(const void* p, bool i64, int64_t i) {
-  int64_t v;
-  if (i64) {
-    asm volatile("ld.volatile.global.s64 %0, [%1];" : "=l"(v) : "l"(static_cast<const int64_t*>(p) + i));
-  } else {
-    int32_t w;
-    asm volatile("ld.volatile.global.s32 %0, [%1];" : "=r"(w) : "l"(static_cast<const int32_t*>(p) + i));
-    v = w;
-  }
-  return v;
+#endif
 }
 
 __device__ __forceinline__ int64_t ld_i64_now(const int64_t* p) {
+#if FC_GPU_HIP
+  return *p;
+#else
   int64_t v;
   asm volatile("ld.volatile.global.s64 %0, [%1];" : "=l"(v) : "l"(p));
   return v;
+#endif
+}
+
+__device__ __forceinline__ int64_t ld_index_now(const void* p, bool i64, int64_t i) {
+#if FC_GPU_HIP
+  return load_index(p, i64, i);
+#else
+  if (i64) return ld_i64_now(static_cast<const int64_t*>(p) + i);
+  int32_t w;
+  asm volatile("ld.volatile.global.s32 %0, [%1];" : "=r"(w) : "l"(static_cast<const int32_t*>(p) + i));
+  return w;
+#endif
 }
 
 __device__ __forceinline__ void bf16x8_now(const uint16_t* p, float (&x)[8]) {
@@ -613,9 +621,13 @@ __device__ __forceinline__ float pair_weight(float d) {
 
 // rcp.approx (relative error < 2^-22 on [1, 2]).
 __device__ __forceinline__ float rcp_approx(float d) {
+#if FC_GPU_HIP
+  return __frcp_rn(d);
+#else
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
   return r;
+#endif
 }
 
 // Fast design of pool_pair: the same bf16 results without an IEEE division per channel. With
