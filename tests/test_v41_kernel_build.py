@@ -4,6 +4,8 @@
   design ``base``) and exports.
 * c1, c2_prefill (the c2 pool kernel + write-back) and index_k render, compile for sm_90a through
   the JIT engine and load, in both designs (``base``, ``fast``).
+* Every v41 kernel (base and fast designs) waits on griddepcontrol before its first global access
+  and before triggering its dependents (PTX order).
 * ``benchmarks/bench_v41.py --device cpu`` runs (smoke).
 * ``v41q::e2m1_rne`` (jit_kernel/v41_quant.cuh, the fp32 -> e2m1 encoder the kernels use on
   sm_90) gives the PyTorch backend's RNE codes on the e2m1 ties, around every midpoint, and on
@@ -16,6 +18,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -114,6 +117,33 @@ def test_fast_division_free_quantisation_is_exact(tmp_path: Path) -> None:
     res = subprocess.run([str(exe)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "fake_quant_grid_bad 0 fp4_code_bad 0" in res.stdout and "code_bad 0" in res.stdout, res.stdout
+
+
+_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld\.global|ld\.volatile\.global|st\.global|atom\.global|red\.global"
+                            r"|prefetch\.global|cp\.async(?!\.(?:commit|wait)))", re.M)
+
+
+@pytest.mark.nvcc
+@requires_nvcc
+@pytest.mark.parametrize("op,layout,design", [("c1", "v4", "fast"), ("c2_decode", "v41_fp4", "fast"),
+                                              ("c2_prefill", "v4", "fast"), ("c1", "v41", "fast2"),
+                                              ("c2_decode", "v4", "fast2"), ("c2_decode", "v4", "base")])
+def test_v41_kernels_wait_before_any_global_access(tmp_path: Path, op: str, layout: str, design: str) -> None:
+    """Every v41 kernel is a programmatic dependent: griddepcontrol.wait precedes its first
+    global-memory access (the pinned ld.volatile loads of the fast designs included) and its
+    launch_dependents (PTX order = program order: everything is inlined)."""
+    from _jit_helpers import variant_ptx
+
+    ptx = variant_ptx("v41", {"op": op, "layout": layout, "design": design}, tmp_path)
+    starts = [m.start() for m in re.finditer(r"^\.visible \.entry ", ptx, re.M)] + [len(ptx)]
+    assert len(starts) >= 2
+    for begin, end in zip(starts, starts[1:]):
+        body = ptx[begin:end]
+        wait = body.find("griddepcontrol.wait")
+        first = _GLOBAL_ACCESS.search(body)
+        assert wait >= 0 and first is not None and first.start() > wait, body[:200]
+        trigger = body.find("griddepcontrol.launch_dependents")
+        assert trigger < 0 or trigger > wait, body[:200]
 
 
 def test_bench_v41_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:
