@@ -44,9 +44,10 @@ namespace v41 {
 inline constexpr int kFastMaxThreads = 128;
 inline constexpr int kFastC2MinBlocks = FC_V41_FAST_C2_MIN_BLOCKS;
 
-// Loads that stay where the source puts them (volatile asm: not sunk past a branch or a use), so
-// that a row's independent loads leave in one burst. Plain weak global loads, as the others.
-// (HIP, which the family does not build today: plain loads.)
+// Loads that stay where the source puts them (ld.volatile: ptxas neither sinks them past a branch
+// nor reorders them among themselves), so that a row's independent loads leave in one burst.
+// They compile to LDG.STRONG.SYS, served by L2 without L1 allocation: fine for operands read once
+// per warp. (HIP, which the family does not build today: plain loads.)
 __device__ __forceinline__ uint4 ld_u32x4_now(const void* p) {
 #if FC_GPU_HIP
   return *static_cast<const uint4*>(p);
@@ -463,9 +464,9 @@ __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_prefill_
   }
 }
 
-// Fast design: rows per block by launch size. Up to kFastDecodeRowsMax rows (decode, verify)
-// one warp per block, so a batch spreads over as many SMs as it has rows; larger launches four
-// warps per block (fine-grained blocks: an exiting even prefill row frees its slot at once).
+// Fast design: rows (c2 prefill: row pairs) per block by launch size. Up to kFastDecodeRowsMax
+// (decode, verify) one warp per block (fast2: two warps per row), so a batch spreads over as many
+// SMs as it has rows; larger launches four warps per block.
 inline constexpr int64_t kFastDecodeRowsMax = 1024;
 inline constexpr int kFastWideWarps = kFastMaxThreads / 32;
 
