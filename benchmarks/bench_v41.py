@@ -1,6 +1,7 @@
 """V4.1 low-ratio op benchmark: c1 / c2 decode / c2 prefill / index-K (issue 29 cases).
 
-    python benchmarks/bench_v41.py [--cases c1,index] [--md PATH] [--device cuda|cpu] [--layout v4|v41_fp4|...] [--peer]
+    python benchmarks/bench_v41.py [--cases c1,index] [--md PATH] [--device cuda|cpu] [--layout v4|v41_fp4|...]
+                                   [--design base,fast,fast2] [--peer]
 
 Cases: c1 decode 1 / 64 / 512 rows and 8192 rows (page 256); c2 decode 1 / 64 / 512 requests
 (ring 2, page 128; half the requests at odd positions, which pool and store, half park);
@@ -10,11 +11,17 @@ columns as the other op benchmarks (``_common.py``: cold = L2 flushed, graph = C
 replay, ``% copy`` of the device-to-device copy bandwidth). On ``--device cpu`` a smoke run
 of the PyTorch backend at tiny sizes.
 
+Targets (``target`` / ``ok`` columns): issue 29's cold / graph µs and % of copy per case.
+
 Byte model ("min MB"): input rows read (c1 1024 B, c2 4096 B, index-K 256 B per row), the
 latent written (1024 B per row c1, per pooled row c2), c2 partners read from the ring (4096 B
 per pooled decode row whose partner is in the ring) and rows parked (4096 B), 8 + 8 B of
 metadata per row (+ 8 B req for c2), the RoPE row (256 B) and the cache entry (layout bytes /
 68 B) per stored row.
+
+``--design``: the ``v41`` kernel designs to time (``base``, ``fast``, ``fast2``; comma-separated;
+each case once per design, the layer column ``LAYOUT/DESIGN``; default: the current one,
+``FLASHCOMPRESS_V41_DESIGN`` or ``base``). Index-K has one design and runs once.
 
 ``--peer``: SGLang's V4.1 fused kernels (``benchmarks/_peer.py``: ``FlashCompress1Kernel``,
 ``FlashCompress2Kernel`` decode / prefill fusion, ``IndexKKernel``) on the same inputs, state
@@ -45,6 +52,19 @@ def _case_list(cpu: bool) -> list[tuple[str, str, int]]:
             + [("c2_decode", f"c2-decode-{n}", n) for n in (1, 64, 512)]
             + [("c2_prefill", "c2-prefill-4x2048", 4 * 2048)]
             + [("index_k", f"index-k-{n}", n) for n in (64, 512, 8192)])
+
+
+# Issue 29's speed targets (cold / graph µs, % of copy) and the peer figures it quotes.
+TARGETS = {
+    "c1-decode-1": C.Target("5.9", cold_max=5.9, graph_max=1.5),
+    "c1-decode-64": C.Target("5.7", cold_max=5.7, graph_max=1.5),
+    "c1-decode-512": C.Target("6.7", cold_max=6.7, graph_max=1.5),
+    "c1-decode-8192": C.Target("32.4", pct_min=70),
+    "c2-decode-1": C.Target("6.4", cold_max=6.4, graph_max=1.8),
+    "c2-decode-64": C.Target("6.9", cold_max=6.9, graph_max=1.8),
+    "c2-decode-512": C.Target("8.5", cold_max=8.5, graph_max=1.8),
+    "c2-prefill-4x2048": C.Target("32.2", pct_min=70),
+}
 
 
 def _freqs(rows: int, dev: torch.device) -> torch.Tensor:
@@ -131,8 +151,15 @@ def build(op: str, n: int, layout: KVLayout, dev: torch.device, gen: torch.Gener
 def main(argv: list[str] | None = None) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--layout", default="v4")
+    pre.add_argument("--design", default=None)
     known, rest = pre.parse_known_args(argv)
     layout = KVLayout.parse(known.layout)
+    from flashcompress.cuda_ops import v41 as v41_ops
+
+    designs = known.design.split(",") if known.design else [v41_ops.current_design()]
+    for d in designs:
+        if d not in v41_ops.DESIGNS:
+            raise SystemExit(f"bench_v41.py: --design {d!r}: expected one of {v41_ops.DESIGNS}")
     args = C.parse_args(__doc__, rest)
     dev = torch.device(args.device)
     timer = C.Timer(dev, args.reps, args.graph_replays)
@@ -147,10 +174,13 @@ def main(argv: list[str] | None = None) -> int:
             for err in side.peer.prewarm(_peer.v41_specs(side.peer, layout.value, index_ratio=1)):
                 side.note(err)
     print("\n".join(head), flush=True)
-    for op, name, n in _case_list(dev.type == "cpu"):
-        label = "index-k" if op == "index_k" else layout.value
+    runs = [(op, name, n, d) for op, name, n in _case_list(dev.type == "cpu")
+            for d in (designs[:1] if op == "index_k" else designs)]
+    for op, name, n, design in runs:
+        label = "index-k" if op == "index_k" else (layout.value if len(designs) == 1 else f"{layout.value}/{design}")
         if not C.matches(args.filters, name, label):
             continue
+        v41_ops.set_design(design)
         try:
             case = build(op, n, layout, dev, torch.Generator().manual_seed(args.seed))
             if side:
@@ -166,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         if side:
             pe, pcalls = side.time(timer, lambda: [case.peer(side.peer)], f"{name} {label}")
             delta = C.peer_delta(case.call, pcalls[0], case.written, case.state) if pcalls else "-"
-            row = C.peer_result_row(timer, name, label, t, pe, case.nbytes, None, delta=delta)
+            row = C.peer_result_row(timer, name, label, t, pe, case.nbytes, TARGETS.get(name), delta=delta)
         else:
-            row = C.result_row(timer, name, label, t.cold, t.ahead, t.graph, case.nbytes, None)
+            row = C.result_row(timer, name, label, t.cold, t.ahead, t.graph, case.nbytes, TARGETS.get(name))
         print("  " + "  ".join(row), file=sys.stderr, flush=True)
         rows.append(row)
         del case

@@ -3,7 +3,7 @@
 // after flashcompress/v41/validation.py has checked every argument (these checks only guard the
 // kernels' memory assumptions: dtypes, shapes, contiguity, 16-byte alignment, one device).
 //
-// V41Binding<kOp, kLayout, kDevice>::forward, one signature per op:
+// V41Binding<kOp, kLayout, kDesign, kDevice>::forward, one signature per op:
 //   c1          (kv_input bf16 [N, 512], norm_weight bf16 [512], positions i32/i64 [N],
 //                out_loc i32/i64 [N], eps, freqs fp32 [T, 64], k_cache u8 [pages, PB],
 //                page_size, out bf16 [N, 512])
@@ -72,9 +72,9 @@ inline bool index_dtype(const TensorView& t, const char* name, int64_t rows, DLD
   return i64;
 }
 
-template <V41Op kOp, V41Layout kLayout, DLDeviceType kDevice>
+template <V41Op kOp, V41Layout kLayout, V41Design kDesign, DLDeviceType kDevice>
 struct V41Binding {
-  using Launch = V41Launch<kOp, kLayout>;
+  using Launch = V41Launch<kOp, kLayout, kDesign>;
 
   static void common(V41Args& a, const TensorView& input, const TensorView& weight, int64_t width, double eps,
                      const TensorView& freqs, const TensorView& positions, DLDevice dev, int64_t dim) {

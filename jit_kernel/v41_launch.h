@@ -1,7 +1,7 @@
 // flashcompress: launch interface of the `v41` family (host-includable, no device code).
 //
 // The binding TU (templates/v41_binding.cpp.j2, checks in v41_binding.h) fills one of the
-// argument structs below and calls V41Launch<kOp, kLayout>::run; the kernel TU
+// argument structs below and calls V41Launch<kOp, kLayout, kDesign>::run; the kernel TU
 // (templates/v41_kernel.cu.j2) is one explicit instantiation, defined in v41.cuh.
 //
 // Index tensors (positions, out_loc / raw_out_loc) are int32 or int64 (`*_i64` says which);
@@ -52,7 +52,13 @@ struct V41Args {
   bool loc_i64;
 };
 
-template <V41Op kOp, V41Layout kLayout>
+// Kernel design (the family's `design` parameter): kBase, the first kernels (8 rows per block);
+// kFast, latency-first loads, launch-size-dependent blocks and division-free quantisation
+// (v41.cuh, "Fast design"); kFast2, kFast with two warps per row for decode-sized c1 and c2 decode launches.
+// Index-K has one design.
+enum class V41Design : int { kBase = 0, kFast = 1, kFast2 = 2 };
+
+template <V41Op kOp, V41Layout kLayout, V41Design kDesign>
 struct V41Launch {
   // One launch (c2 prefill: two, the pool pass then the ring write-back) on `stream`.
   static gpuError_t run(const V41Args& args, gpuStream_t stream);

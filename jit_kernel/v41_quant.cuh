@@ -10,10 +10,34 @@
 //                    7 compares and adds instead of the emulation's conversions through double.
 //   e2m1_value(c)    fp32 value of an e2m1 code (bit 3 = sign; 0x8 reads as -0.0)
 //   e4m3_value(c)    fp32 value of a non-NaN OCP E4M3FN code
+//   fake_quant_grid(u, s, r)  e2m1_value(e2m1_rne(u / s + 0)), the fake-quant grid value of
+//                    spec §2.2 before the scale multiply, for r = recip_e4m3(s): div_by's two
+//                    FMAs, then |q| + c - c with ulp(c) = the grid step (0.5 / 1 / 2: RNE on the
+//                    grid, as the code's parity is the value's), clamped at 6, with the sign of
+//                    q0 = u r (no NaN / sign fix-ups needed). Equal, bit for bit, for every bf16
+//                    u and every e4m3 s in [2^-9, 448] (host check below).
+//   fp4_code(u, s, r) e2m1_rne(u / s) for r = recip_e4m3(s): the same FMAs and grid rounding,
+//                    the code read off the grid value, the sign (also of a zero) u's. Equal for
+//                    every bf16 u and every e4m3 s in [2^-9, 448] (host check below).
+//   recip_e4m3(s)    rn(1 / s) of a positive e4m3 value s (2^-9 <= s <= 448), exactly: s = M 2^E
+//                    with M = 1 + k / 8, so 1 / s = rn(8 / (8 + k)) 2^-E (a table of 8 rounded
+//                    mantissas; the power-of-two scaling is exact in this range)
+//   div_by(u, s, r)  rn(u / s) for r = recip_e4m3(s), without a division: q0 = u r, then one FMA
+//                    correction (Markstein); the sign of a zero quotient is u's. For every bf16
+//                    u (all 65536 patterns: zeros, subnormals, inf, NaN) and every e4m3 s in
+//                    [2^-9, 448]: bit-identical to the IEEE quotient when |u| >= 2^-122 (NaN:
+//                    a NaN), and always the same e2m1_rne code, sign included (below 2^-122 the
+//                    FMA remainder underflows; both quotients are then < 2^-113, code 0 / 0x8).
+//                    The fast kernels divide only such pairs (and max(amax, 1e-4f) / 448, also
+//                    checked) and use a quotient only through its e2m1 code, an e4m3 scale
+//                    clamped at 2^-9 or a ue8m0 exponent.
+// Host check, exhaustive over those domains: tests/native/v41_div_host.cpp (run by
+// tests/test_v41_kernel_build.py).
 //
 // The reference is python/flashcompress/torch_backend/v41_quant.py.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "quant.cuh"
@@ -47,6 +71,73 @@ FC_QUANT_FN float e4m3_value(uint32_t code) {
   const float mag = e == 0 ? static_cast<float>(m) * 0.001953125f  // m * 2^-9 (exact)
                            : quant::bits_float(((e + 120u) << 23) | (m << 20));
   return (code & 0x80u) ? -mag : mag;
+}
+
+FC_QUANT_FN float recip_e4m3(float s) {
+  const uint32_t b = quant::float_bits(s);
+  const uint32_t k = (b >> 20) & 7u;
+  // rn(8 / (8 + k)), k = 0..7 (a select tree: no indexed array, so nothing goes to local memory)
+  const uint32_t t = (k & 4u) ? ((k & 2u) ? ((k & 1u) ? 0x3F088889u : 0x3F124925u)
+                                          : ((k & 1u) ? 0x3F1D89D9u : 0x3F2AAAABu))
+                              : ((k & 2u) ? ((k & 1u) ? 0x3F3A2E8Cu : 0x3F4CCCCDu)
+                                          : ((k & 1u) ? 0x3F638E39u : 0x3F800000u));
+  return quant::bits_float(t - ((b & 0x7F800000u) - 0x3F800000u));
+}
+
+FC_QUANT_FN float div_by(float u, float s, float r) {
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmul_rn(u, r);
+  const float q = __fmaf_rn(__fmaf_rn(-q0, s, u), r, q0);
+#else
+  const float q0 = u * r;
+  const float q = std::fmaf(std::fmaf(-q0, s, u), r, q0);
+#endif
+  const uint32_t qb = quant::float_bits(q);
+  // NaN quotients (u NaN, or u = +-inf: inf - inf in the correction) keep q0 (inf or NaN, as u / s)
+  const uint32_t fixed = quant::is_nan_bits(qb) ? quant::float_bits(q0) : qb;
+  return quant::bits_float((fixed & 0x7FFFFFFFu) | (quant::float_bits(u) & 0x80000000u));
+}
+
+FC_QUANT_FN float fake_quant_grid(float u, float s, float r) {
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmul_rn(u, r);
+  const float q = __fmaf_rn(__fmaf_rn(-q0, s, u), r, q0);
+#else
+  const float q0 = u * r;
+  const float q = std::fmaf(std::fmaf(-q0, s, u), r, q0);
+#endif
+  const float a = fabsf(q);  // NaN for u = +-inf (inf - inf in the correction) or NaN
+  const float c = a < 2.0f ? 4194304.0f : (a < 4.0f ? 8388608.0f : 16777216.0f);
+#if defined(__CUDA_ARCH__)
+  const float m = fminf(__fadd_rn(__fadd_rn(a, c), -c), 6.0f);  // fminf(NaN, 6) = 6
+#else
+  const volatile float sum = a + c;
+  const float m = fminf(sum - c, 6.0f);
+#endif
+  return q0 < 0.0f ? -m : m;  // q0 = u r carries u's sign (+-inf included; NaN: not negative)
+}
+
+FC_QUANT_FN uint32_t fp4_code(float u, float s, float r) {
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmul_rn(u, r);
+  const float q = __fmaf_rn(__fmaf_rn(-q0, s, u), r, q0);
+#else
+  const float q0 = u * r;
+  const float q = std::fmaf(std::fmaf(-q0, s, u), r, q0);
+#endif
+  const float a = fabsf(q);
+  const float c = a < 2.0f ? 4194304.0f : (a < 4.0f ? 8388608.0f : 16777216.0f);
+#if defined(__CUDA_ARCH__)
+  const float m = fminf(__fadd_rn(__fadd_rn(a, c), -c), 6.0f);
+#else
+  const volatile float sum = a + c;
+  const float m = fminf(sum - c, 6.0f);
+#endif
+  // grid value -> code: 1, 1.5, 2, 3, 4, 6 have bits >> 22 = 254 .. 259 (codes 2 .. 7), 0.5 is 1
+  const uint32_t mb = quant::float_bits(m);
+  const uint32_t mag = mb >= 0x3F800000u ? (mb >> 22) - 252u : (mb != 0u ? 1u : 0u);
+  const uint32_t ub = quant::float_bits(u);
+  return quant::is_nan_bits(ub) ? 0x7u : (mag | ((ub >> 28) & 0x8u));  // the quotient's sign is u's
 }
 
 }  // namespace v41q

@@ -1,17 +1,25 @@
 """The ``v41`` JIT family without a GPU (``pytest -m nvcc``): registration, an sm_90a build, the fp4 encoder.
 
-* The family registers its space (op x layout, index_k only with layout ``none``) and exports.
+* The family registers its space (op x layout x design, index_k only with layout ``none`` and
+  design ``base``) and exports.
 * c1, c2_prefill (the c2 pool kernel + write-back) and index_k render, compile for sm_90a through
-  the JIT engine and load.
+  the JIT engine and load, in both designs (``base``, ``fast``).
+* The c2 pair weight (libdevice's exp path, replayed on the host) against glibc's exp.
+* Every v41 kernel (base and fast designs) waits on griddepcontrol before its first global access
+  and before triggering its dependents (PTX order).
 * ``benchmarks/bench_v41.py --device cpu`` runs (smoke).
 * ``v41q::e2m1_rne`` (jit_kernel/v41_quant.cuh, the fp32 -> e2m1 encoder the kernels use on
   sm_90) gives the PyTorch backend's RNE codes on the e2m1 ties, around every midpoint, and on
   a spread of random fp32 patterns (NaN excluded: both map it to 0x7 anyway).
+* The fast design's division-free quantisation (``v41q::recip_e4m3`` / ``div_by`` /
+  ``fake_quant_grid`` / ``fp4_code``): exhaustively equal to the IEEE quotient's e2m1 code and
+  fake-quant value over every bf16 numerator and e4m3 scale (``tests/native/v41_div_host.cpp``).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -39,21 +47,36 @@ def test_v41_family_registration() -> None:
     fam = get_family("v41")
     assert fam is v41.V41 and fam.exports == ("forward",)
     variants = fam.expand()
-    assert len(variants) == 3 * 6 + 1
-    assert {"op": "index_k", "layout": "none"} in variants
+    assert len(variants) == 3 * 6 * 3 + 1
+    assert {"op": "index_k", "layout": "none", "design": "base"} in variants
+    assert fam.key(target="cuda:9.0a", op="c1", layout="v4").param_dict["design"] == "base"
     with pytest.raises(ValueError):
         fam.key(target="cuda:9.0a", op="c1", layout="none")
     with pytest.raises(ValueError):
         fam.key(target="cuda:9.0a", op="index_k", layout="v4")
+    with pytest.raises(ValueError):
+        fam.key(target="cuda:9.0a", op="index_k", layout="none", design="fast")
+
+
+def test_v41_design_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashcompress.cuda_ops import v41
+
+    monkeypatch.setattr(v41, "_DESIGN", [v41.current_design()])
+    v41.set_design("fast")
+    assert v41.current_design() == "fast"
+    with pytest.raises(ValueError):
+        v41.set_design("quick")
 
 
 @pytest.mark.nvcc
 @requires_nvcc
-@pytest.mark.parametrize("op,layout", [("c1", "v4"), ("c2_prefill", "v41_fp4_new"), ("index_k", "none")])
-def test_v41_variant_builds_for_sm90a(jit_env, op: str, layout: str) -> None:
+@pytest.mark.parametrize("op,layout,design", [("c1", "v4", "base"), ("c2_prefill", "v41_fp4_new", "base"),
+                                              ("index_k", "none", "base"), ("c1", "v41_fp4", "fast"),
+                                              ("c2_prefill", "v4", "fast"), ("c1", "v4", "fast2")])
+def test_v41_variant_builds_for_sm90a(jit_env, op: str, layout: str, design: str) -> None:
     from flashcompress.jit import get_module
 
-    module = get_module("v41", target="cuda:9.0a", op=op, layout=layout)
+    module = get_module("v41", target="cuda:9.0a", op=op, layout=layout, design=design)
     assert module.implements_function("forward")
 
 
@@ -82,6 +105,60 @@ def test_e2m1_encoder_matches_reference(tmp_path: Path) -> None:
     want = e2m1_rne_codes(x)
     bad = got != want
     assert not bool(bad.any()), f"{int(bad.sum())} codes differ, e.g. x={x[bad][:4].tolist()}"
+
+
+@pytest.mark.nvcc
+@requires_nvcc
+def test_fast_division_free_quantisation_is_exact(tmp_path: Path) -> None:
+    cxx = shutil.which(os.environ.get("CXX") or "c++")
+    exe = tmp_path / "v41_div_host"
+    subprocess.run([cxx, "-std=c++17", "-O2", "-ffp-contract=off", f"-I{REPO / 'jit_kernel'}",
+                    str(REPO / "tests/native/v41_div_host.cpp"), "-o", str(exe)], check=True, capture_output=True,
+                   text=True)
+    res = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "fake_quant_grid_bad 0 fp4_code_bad 0" in res.stdout and "code_bad 0" in res.stdout, res.stdout
+
+
+@pytest.mark.nvcc
+@requires_nvcc
+def test_pair_weight_exp_matches_glibc(tmp_path: Path) -> None:
+    """The pair weight fp32(exp(-|d|)) as both kernel designs compute it (libdevice's exp fast path,
+    replayed on the host) equals fp32(glibc exp) on a stride-97 sweep of every fp32 |d| < 104 (the
+    full sweep, stride 1, found no difference either: tests/native/v41_exp_host.cpp without args)."""
+    cxx = shutil.which(os.environ.get("CXX") or "c++")
+    exe = tmp_path / "v41_exp_host"
+    subprocess.run([cxx, "-std=c++17", "-O2", "-ffp-contract=off", str(REPO / "tests/native/v41_exp_host.cpp"),
+                    "-o", str(exe)], check=True, capture_output=True, text=True)
+    res = subprocess.run([str(exe), "97"], capture_output=True, text=True)
+    assert res.returncode == 0 and " differ 0" in res.stdout, res.stdout
+
+
+_GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld\.global|ld\.volatile\.global|st\.global|atom\.global|red\.global"
+                            r"|prefetch\.global|cp\.async(?!\.(?:commit|wait)))", re.M)
+
+
+@pytest.mark.nvcc
+@requires_nvcc
+@pytest.mark.parametrize("op,layout,design", [("c1", "v4", "fast"), ("c2_decode", "v41_fp4", "fast"),
+                                              ("c2_prefill", "v4", "fast"), ("c1", "v41", "fast2"),
+                                              ("c2_decode", "v4", "fast2"), ("c2_decode", "v4", "base")])
+def test_v41_kernels_wait_before_any_global_access(tmp_path: Path, op: str, layout: str, design: str) -> None:
+    """Every v41 kernel is a programmatic dependent: griddepcontrol.wait precedes its first
+    global-memory access (the pinned ld.volatile loads of the fast designs included) and its
+    launch_dependents (PTX order = program order: everything is inlined)."""
+    from _jit_helpers import variant_ptx
+
+    ptx = variant_ptx("v41", {"op": op, "layout": layout, "design": design}, tmp_path)
+    starts = [m.start() for m in re.finditer(r"^\.visible \.entry ", ptx, re.M)] + [len(ptx)]
+    assert len(starts) >= 2
+    for begin, end in zip(starts, starts[1:]):
+        body = ptx[begin:end]
+        wait = body.find("griddepcontrol.wait")
+        first = _GLOBAL_ACCESS.search(body)
+        assert wait >= 0 and first is not None and first.start() > wait, body[:200]
+        trigger = body.find("griddepcontrol.launch_dependents")
+        assert trigger < 0 or trigger > wait, body[:200]
 
 
 def test_bench_v41_cpu_smoke(capsys: pytest.CaptureFixture[str]) -> None:

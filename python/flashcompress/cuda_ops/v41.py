@@ -6,15 +6,21 @@ by device and nothing after validation branches again.  Kernels: ``jit_kernel/v4
 (one warp per 512-dim row, 16 lanes per index key, 16-byte loads, PDL wait first), launched
 on the caller's current stream, never synchronising the host, CUDA-graph capturable.
 
-Variants: ``(op, layout)`` with ``op`` in ``c1``, ``c2_decode`` (decode and verify),
+Variants: ``(op, layout, design)`` with ``op`` in ``c1``, ``c2_decode`` (decode and verify),
 ``c2_prefill`` (pool pass + ring write-back) and ``index_k`` (``layout="none"``);
-page size, ring size, draft length and ratio are runtime arguments.  One export,
-``forward`` (signatures in ``jit_kernel/v41_binding.h``).  Bytes equal the PyTorch
-backend's on every layout (``tests/test_gpu_v41_kernels.py``).
+page size, ring size, draft length and ratio are runtime arguments.  ``design``:
+``"base"`` (the first kernels, the default), ``"fast"`` (latency-first load groups,
+one warp per block for decode-sized launches, division-free quantisation, branch-free
+pair weights, one warp per row pair in prefill) or ``"fast2"`` (``"fast"`` with two warps
+per row for decode-sized c1 and c2 decode / verify launches); index_k has only ``"base"``.  The calls below use :func:`current_design` (``set_design``, or the
+environment variable ``FLASHCOMPRESS_V41_DESIGN`` at import).  One export, ``forward``
+(signatures in ``jit_kernel/v41_binding.h``).  Bytes equal the PyTorch backend's on every
+layout (``tests/test_gpu_v41_kernels.py``, ``tests/test_gpu_v41fast.py``).
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
@@ -25,11 +31,14 @@ from ..v41.layouts import KVLayout
 if TYPE_CHECKING:  # pragma: no cover
     from ..jit.variant import VariantKey
 
-__all__ = ["EXPORTS", "OPS", "V41", "LAYOUTS", "c1_decode", "c2_decode", "c2_prefill", "index_k", "v41_module"]
+__all__ = ["DESIGNS", "EXPORTS", "OPS", "V41", "LAYOUTS", "c1_decode", "c2_decode", "c2_prefill", "current_design",
+           "index_k", "set_design", "v41_module"]
 
 EXPORTS = ("forward",)
 OPS = ("c1", "c2_decode", "c2_prefill", "index_k")
 LAYOUTS = tuple(m.value for m in KVLayout) + ("none",)
+DESIGNS = ("base", "fast", "fast2")
+DEFAULT_DESIGN = "base"
 
 
 def _validate(params: Mapping[str, Any]) -> None:
@@ -37,6 +46,8 @@ def _validate(params: Mapping[str, Any]) -> None:
     if (op == "index_k") != (layout == "none"):
         raise ValueError(f"v41: index_k takes layout='none', the other ops a KVLayout value; got op={op!r}, "
                          f"layout={layout!r}")
+    if op == "index_k" and params.get("design", DEFAULT_DESIGN) != DEFAULT_DESIGN:
+        raise ValueError(f"v41: index_k has one design ({DEFAULT_DESIGN!r}); got design={params.get('design')!r}")
 
 
 # Compressed-pool layout of the ratio-1/2 source layers per target (spec v41.md §7.4, §10):
@@ -69,8 +80,8 @@ def _presets(model: str, target: str | None = None) -> list[dict[str, Any]]:
     if not ratios or not layouts:
         return []
     ops = (("c1",) if 1 in ratios else ()) + (("c2_decode", "c2_prefill") if 2 in ratios else ())
-    return [{"op": op, "layout": layout} for layout in layouts for op in ops] + \
-        [{"op": "index_k", "layout": "none"}]
+    return [{"op": op, "layout": layout, "design": DEFAULT_DESIGN} for layout in layouts for op in ops] + \
+        [{"op": "index_k", "layout": "none", "design": DEFAULT_DESIGN}]
 
 
 def _warmup(key: "VariantKey") -> None:
@@ -112,24 +123,42 @@ V41 = register_family(
         "v41",
         sources=(("v41_kernel.cu.j2", "kernel.cu"), ("v41_binding.cpp.j2", "binding.cpp")),
         exports=EXPORTS,
-        space={"op": OPS, "layout": LAYOUTS},
+        space={"op": OPS, "layout": LAYOUTS, "design": DESIGNS},
+        defaults={"design": DEFAULT_DESIGN},
         warmup=_warmup,
     ),
     validate=_validate,
     presets=_presets,
 )
 
-_MODULES: dict[tuple[str, str], Any] = module_memo()
+_MODULES: dict[tuple[str, str, str], Any] = module_memo()
+_DESIGN = [os.environ.get("FLASHCOMPRESS_V41_DESIGN", DEFAULT_DESIGN)]
 
 
-def v41_module(op: str, layout: str) -> Any:
-    """The loaded variant of ``op`` for ``layout`` (a KVLayout value, or ``"none"`` for index_k), memoised."""
-    key = (op, layout)
+def set_design(design: str) -> None:
+    """Pick the kernel design (one of :data:`DESIGNS`) that the c1 / c2 calls launch from now on."""
+    if design not in DESIGNS:
+        raise ValueError(f"v41: design must be one of {DESIGNS}, got {design!r}")
+    _DESIGN[0] = design
+
+
+def current_design() -> str:
+    """The kernel design the c1 / c2 calls launch (index_k always runs ``"base"``)."""
+    if _DESIGN[0] not in DESIGNS:
+        raise ValueError(f"FLASHCOMPRESS_V41_DESIGN must be one of {DESIGNS}, got {_DESIGN[0]!r}")
+    return _DESIGN[0]
+
+
+def v41_module(op: str, layout: str, design: str | None = None) -> Any:
+    """The loaded variant of ``op`` for ``layout`` (a KVLayout value, or ``"none"`` for index_k) and
+    ``design`` (default :func:`current_design`; index_k: ``"base"``), memoised."""
+    design = DEFAULT_DESIGN if op == "index_k" else (design or current_design())
+    key = (op, layout, design)
     module = _MODULES.get(key)
     if module is None:
         from ..jit import get_module
 
-        module = get_module("v41", op=op, layout=layout)
+        module = get_module("v41", op=op, layout=layout, design=design)
         _MODULES[key] = module
     return module
 
