@@ -135,7 +135,7 @@ def build(op: str, n: int, layout: KVLayout, dev: torch.device, gen: torch.Gener
     per = n // reqs
     pos = torch.cat([torch.arange(per) + 1000 * b for b in range(reqs)]).to(dev)
     req = torch.arange(reqs).repeat_interleave(per).to(dev)
-    raw = (pos + 2)
+    raw = 2 * (torch.arange(n, device=dev) + 1) + (pos & 1)  # distinct slots (raw >> 1), parity = the position's
     pages = int(raw.max()) // (2 * P) + 2
     x = rnd(n, 1024)
     start = torch.arange(reqs, dtype=torch.int32, device=dev) * per

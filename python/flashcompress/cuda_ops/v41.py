@@ -9,10 +9,10 @@ on the caller's current stream, never synchronising the host, CUDA-graph captura
 Variants: ``(op, layout, design)`` with ``op`` in ``c1``, ``c2_decode`` (decode and verify),
 ``c2_prefill`` (pool pass + ring write-back) and ``index_k`` (``layout="none"``);
 page size, ring size, draft length and ratio are runtime arguments.  ``design``:
-``"base"`` (the first kernels, the default), ``"fast"`` (latency-first load groups,
+``"base"`` (the first kernels), ``"fast"`` (latency-first load groups,
 one warp per block for decode-sized launches, division-free quantisation, branch-free
 pair weights, one warp per row pair in prefill) or ``"fast2"`` (``"fast"`` with two warps
-per row for decode-sized c1 and c2 decode / verify launches); index_k has only ``"base"``.  The calls below use :func:`current_design` (``set_design``, or the
+per row for decode-sized c1 and c2 decode / verify launches; the default); index_k has only ``"base"``.  The calls below use :func:`current_design` (``set_design``, or the
 environment variable ``FLASHCOMPRESS_V41_DESIGN`` at import).  One export, ``forward``
 (signatures in ``jit_kernel/v41_binding.h``).  Bytes equal the PyTorch backend's on every
 layout (``tests/test_gpu_v41_kernels.py``, ``tests/test_gpu_v41fast.py``).
@@ -38,7 +38,8 @@ EXPORTS = ("forward",)
 OPS = ("c1", "c2_decode", "c2_prefill", "index_k")
 LAYOUTS = tuple(m.value for m in KVLayout) + ("none",)
 DESIGNS = ("base", "fast", "fast2")
-DEFAULT_DESIGN = "base"
+DEFAULT_DESIGN = "fast2"  # measured fastest in every c1 / c2 case (benchmarks/RESULTS.md, s17.4)
+INDEX_K_DESIGN = "base"  # index_k has one design
 
 
 def _validate(params: Mapping[str, Any]) -> None:
@@ -46,8 +47,8 @@ def _validate(params: Mapping[str, Any]) -> None:
     if (op == "index_k") != (layout == "none"):
         raise ValueError(f"v41: index_k takes layout='none', the other ops a KVLayout value; got op={op!r}, "
                          f"layout={layout!r}")
-    if op == "index_k" and params.get("design", DEFAULT_DESIGN) != DEFAULT_DESIGN:
-        raise ValueError(f"v41: index_k has one design ({DEFAULT_DESIGN!r}); got design={params.get('design')!r}")
+    if op == "index_k" and params.get("design", INDEX_K_DESIGN) != INDEX_K_DESIGN:
+        raise ValueError(f"v41: index_k has one design ({INDEX_K_DESIGN!r}); got design={params.get('design')!r}")
 
 
 # Compressed-pool layout of the ratio-1/2 source layers per target (spec v41.md §7.4, §10):
@@ -81,7 +82,7 @@ def _presets(model: str, target: str | None = None) -> list[dict[str, Any]]:
         return []
     ops = (("c1",) if 1 in ratios else ()) + (("c2_decode", "c2_prefill") if 2 in ratios else ())
     return [{"op": op, "layout": layout, "design": DEFAULT_DESIGN} for layout in layouts for op in ops] + \
-        [{"op": "index_k", "layout": "none", "design": DEFAULT_DESIGN}]
+        [{"op": "index_k", "layout": "none", "design": INDEX_K_DESIGN}]
 
 
 def _warmup(key: "VariantKey") -> None:
@@ -152,7 +153,7 @@ def current_design() -> str:
 def v41_module(op: str, layout: str, design: str | None = None) -> Any:
     """The loaded variant of ``op`` for ``layout`` (a KVLayout value, or ``"none"`` for index_k) and
     ``design`` (default :func:`current_design`; index_k: ``"base"``), memoised."""
-    design = DEFAULT_DESIGN if op == "index_k" else (design or current_design())
+    design = INDEX_K_DESIGN if op == "index_k" else (design or current_design())
     key = (op, layout, design)
     module = _MODULES.get(key)
     if module is None:
