@@ -75,7 +75,7 @@ __all__ = [
     "prefill_workspace",
 ]
 
-EXPORTS = ("decode", "decode_checked", "decode_alloc", "prefill_stage1", "prefill_device", "layout_info")
+EXPORTS = ("decode", "decode_checked", "decode_alloc", "prefill_stage1", "prefill_device", "prefill_host", "layout_info")
 
 
 # --------------------------------------------------------------------------
