@@ -13,8 +13,9 @@
 // Use (the device of `device_id` current):
 //   std::lock_guard<std::mutex> lock(ring.mutex);
 //   PinnedSlot& s = ring.acquire(bytes);      // s.host: >= bytes of pinned memory, free to write
-//   ... write rows, issue copies from s.host on `stream` ...
-//   ring.release(s, stream);                  // records s's event after the copies
+//   ... write rows ...
+//   { SlotRelease release(s, stream);         // records s's event on scope exit
+//     ... issue copies from s.host on `stream` ... }
 #pragma once
 
 #include <algorithm>
@@ -40,6 +41,7 @@ inline gpuError_t event_wait_host(gpuEvent_t e) { return hipEventSynchronize(e);
 inline gpuError_t copy_h2d(void* dst, const void* src, size_t n, gpuStream_t s) {
   return hipMemcpyAsync(dst, src, n, hipMemcpyHostToDevice, s);
 }
+inline gpuError_t stream_drain(gpuStream_t s) { return hipStreamSynchronize(s); }
 #else
 using gpuEvent_t = cudaEvent_t;
 inline gpuError_t host_alloc(void** p, size_t n) { return cudaHostAlloc(p, n, cudaHostAllocPortable); }
@@ -50,6 +52,7 @@ inline gpuError_t event_wait_host(gpuEvent_t e) { return cudaEventSynchronize(e)
 inline gpuError_t copy_h2d(void* dst, const void* src, size_t n, gpuStream_t s) {
   return cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s);
 }
+inline gpuError_t stream_drain(gpuStream_t s) { return cudaStreamSynchronize(s); }
 #endif
 
 struct PinnedSlot {
@@ -86,15 +89,30 @@ class PinnedRing {
     return s;
   }
 
-  // Marks `s` in flight: its event completes once the copies issued on `stream` so far have run.
-  static void release(PinnedSlot& s, gpuStream_t stream) {
-    FC_CHECK_GPU_ERROR(event_record(s.event, stream));
-    s.pending = true;
-  }
-
  private:
   PinnedSlot slots_[kSlots];
   int next_ = 0;
+};
+
+// Releases a slot on scope exit (create it right before the copies from the slot), also when a
+// copy throws: the slot is then never rewritten before an issued copy ran. Where the event cannot
+// be recorded the stream is drained instead (errors ignored: the throwing step reports its own).
+class SlotRelease {
+ public:
+  SlotRelease(PinnedSlot& slot, gpuStream_t stream) : slot_(slot), stream_(stream) {}
+  SlotRelease(const SlotRelease&) = delete;
+  SlotRelease& operator=(const SlotRelease&) = delete;
+  ~SlotRelease() {
+    if (event_record(slot_.event, stream_) == gpuSuccess) {
+      slot_.pending = true;
+    } else {
+      (void)stream_drain(stream_);
+    }
+  }
+
+ private:
+  PinnedSlot& slot_;
+  gpuStream_t stream_;
 };
 
 // The ring of GPU `device_id` (created on first use, kept for the process).

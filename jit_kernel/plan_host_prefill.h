@@ -135,13 +135,16 @@ tvm::ffi::Array<tvm::ffi::Tensor> upload(DLDevice dev, int64_t num_q_tokens, boo
   const plan_host::Counts counts = stage0(host_c, host_w);
   tvm::ffi::Tensor plan_c = alloc_rows(pad ? num_q_tokens : counts.compress_rows, sizeof(CompressRow), dev);
   tvm::ffi::Tensor plan_w = alloc_rows(pad ? num_q_tokens : counts.write_rows, sizeof(WriteRow), dev);
-  if (counts.compress_rows > 0) {
-    FC_CHECK_GPU_ERROR(pinned::copy_h2d(plan_c.data_ptr(), host_c, counts.compress_rows * sizeof(CompressRow), stream));
+  {
+    const pinned::SlotRelease release(slot, stream);  // the slot's event, after the copies (also on a throw)
+    if (counts.compress_rows > 0) {
+      FC_CHECK_GPU_ERROR(
+          pinned::copy_h2d(plan_c.data_ptr(), host_c, counts.compress_rows * sizeof(CompressRow), stream));
+    }
+    if (counts.write_rows > 0) {
+      FC_CHECK_GPU_ERROR(pinned::copy_h2d(plan_w.data_ptr(), host_w, counts.write_rows * sizeof(WriteRow), stream));
+    }
   }
-  if (counts.write_rows > 0) {
-    FC_CHECK_GPU_ERROR(pinned::copy_h2d(plan_w.data_ptr(), host_w, counts.write_rows * sizeof(WriteRow), stream));
-  }
-  pinned::PinnedRing::release(slot, stream);
   if (plan_c.size(0) > 0 || plan_w.size(0) > 0) stage1(plan_c, plan_w, counts, stream);
   return tvm::ffi::Array<tvm::ffi::Tensor>{plan_c, plan_w};
 }
