@@ -11,6 +11,12 @@ A plan is a tuple ``(compress_ratio, plan_rows...)`` of raw uint8 plan tensors
 or ``cuda_ops.plans`` (the CUDA plan-builder kernels, same functions).  Both
 produce the same bytes in the same row order (batch-major, position-ascending).
 An empty batch returns empty plans and launches nothing.
+
+Host lengths with the world on a GPU (an engine's eager prefill): once a call of that kind passed
+the full path, later ones are a single native call (``HOST_PREFILL``, the ``plan`` export
+``prefill_host``), which checks what the full path checks for that case before writing anything;
+a call it rejects runs the full path, which raises the named error.  ``FLASHCOMPRESS_DEBUG=1`` and
+the PyTorch backend always take the full path.
 """
 
 from __future__ import annotations
