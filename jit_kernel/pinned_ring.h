@@ -42,6 +42,12 @@ inline gpuError_t copy_h2d(void* dst, const void* src, size_t n, gpuStream_t s) 
   return hipMemcpyAsync(dst, src, n, hipMemcpyHostToDevice, s);
 }
 inline gpuError_t stream_drain(gpuStream_t s) { return hipStreamSynchronize(s); }
+inline gpuError_t stream_capturing(gpuStream_t s, bool* capturing) {
+  hipStreamCaptureStatus status = hipStreamCaptureStatusNone;
+  const gpuError_t e = hipStreamIsCapturing(s, &status);
+  *capturing = status != hipStreamCaptureStatusNone;
+  return e;
+}
 #else
 using gpuEvent_t = cudaEvent_t;
 inline gpuError_t host_alloc(void** p, size_t n) { return cudaHostAlloc(p, n, cudaHostAllocPortable); }
@@ -53,6 +59,12 @@ inline gpuError_t copy_h2d(void* dst, const void* src, size_t n, gpuStream_t s) 
   return cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s);
 }
 inline gpuError_t stream_drain(gpuStream_t s) { return cudaStreamSynchronize(s); }
+inline gpuError_t stream_capturing(gpuStream_t s, bool* capturing) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  const gpuError_t e = cudaStreamIsCapturing(s, &status);
+  *capturing = status != cudaStreamCaptureStatusNone;
+  return e;
+}
 #endif
 
 struct PinnedSlot {

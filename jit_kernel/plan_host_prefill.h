@@ -12,7 +12,8 @@
 //      counts, or num_q_tokens rows each with `pad` (use_cuda_graph);
 //   4. two async H2D copies of the real rows on the caller's current stream, the slot's event,
 //      then the stage-1 kernel (which writes the sentinel rows past the counts).
-// An empty batch is refused (ValueError): the Python path returns its empty plans.
+// An empty batch and a capturing stream are refused (ValueError) before anything is written: the
+// Python path then returns its empty plans / runs as before.
 #pragma once
 
 #include <tvm/ffi/container/tensor.h>
@@ -125,6 +126,11 @@ template <typename CompressRow, typename WriteRow, typename Stage0, typename Sta
 tvm::ffi::Array<tvm::ffi::Tensor> upload(DLDevice dev, int64_t num_q_tokens, bool pad, Stage0&& stage0,
                                          Stage1&& stage1) {
   const gpuStream_t stream = chk::stream_of(dev);
+  // A captured copy would read its ring slot at every replay, long after the slot was reused.
+  bool capturing = false;
+  FC_CHECK_GPU_ERROR(pinned::stream_capturing(stream, &capturing));
+  TVM_FFI_CHECK(!capturing, ValueError) << "stream: expected a stream that is not being captured (host-length "
+                                           "plans are eager; capture the device-length planner), got a capturing one";
   const size_t c_bytes = static_cast<size_t>(num_q_tokens) * sizeof(CompressRow);
   const size_t w_bytes = static_cast<size_t>(num_q_tokens) * sizeof(WriteRow);
   pinned::PinnedRing& ring = pinned::ring_of(dev.device_id);

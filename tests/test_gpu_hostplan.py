@@ -298,6 +298,27 @@ def test_runs_on_the_current_stream(world, world_dev) -> None:
     assert_plan_bytes(plan[2], want_w, "plan_w")
 
 
+def test_the_export_refuses_a_capturing_stream(world, world_dev) -> None:
+    """A captured H2D copy would read its ring slot at every replay: the export raises before it
+    writes anything, and the capture itself stays usable."""
+    mode = (4, 8, False)
+    _learn_regular(mode, world, world_dev)
+    fn = P.HOST_PREFILL[4]
+    rids, seq, ext = random_batch(random.Random(6), world, 3, 50)
+    rids = rids.to(DEV)
+    num_q = int(ext.sum())
+    side = torch.cuda.Stream()
+    graph = torch.cuda.CUDAGraph()
+    x = torch.zeros(4, device=DEV)
+    with torch.cuda.graph(graph, stream=side):
+        with pytest.raises(ValueError, match="^stream: expected a stream that is not being captured"):
+            fn(seq, ext, rids, *world_dev, 256, 8, False, num_q, False)
+        x.add_(1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(x.cpu(), torch.ones(4))
+
+
 def test_device_lengths_and_empty_batches_take_the_full_path(world, world_dev) -> None:
     from flashcompress.cuda_ops import plans as cp
 
