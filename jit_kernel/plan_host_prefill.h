@@ -61,10 +61,10 @@ inline void check_host_lengths(const TensorView& t, const char* name, int64_t ba
   chk::check_dtype(t, name, chk::kInt64);
   chk::check_ndim(t, name, 1);
   const auto type = t.device().device_type;
-  TVM_FFI_CHECK(type == kDLCPU || type == kDLCUDAHost || type == kDLROCMHost, ValueError)
+  if (type != kDLCPU && type != kDLCUDAHost && type != kDLROCMHost) TVM_FFI_THROW(ValueError)
       << name << ": expected a tensor in host memory (cpu or pinned), got one on " << chk::device_name(t.device());
   chk::check_contiguous(t, name);
-  TVM_FFI_CHECK(t.size(0) == batch, ValueError)
+  if (t.size(0) != batch) TVM_FFI_THROW(ValueError)
       << name << ": expected shape[0] == " << batch << " (one per request), got shape (" << t.size(0) << ",)";
 }
 
@@ -73,12 +73,14 @@ inline void check_host_lengths(const TensorView& t, const char* name, int64_t ba
 inline plan_host::Lengths check_length_values(const TensorView& seq_lens, const TensorView& extend_lens,
                                               int64_t num_q_tokens, int64_t max_ctx) {
   const int64_t batch = seq_lens.size(0);
-  TVM_FFI_CHECK(batch > 0, ValueError) << "req_pool_indices: expected a non-empty batch (the API returns empty "
-                                          "plans for an empty one), got batch size 0";
-  TVM_FFI_CHECK(num_q_tokens >= 0, ValueError) << "num_q_tokens: expected >= 0, got " << num_q_tokens;
-  TVM_FFI_CHECK(num_q_tokens <= kMaxRaggedId, ValueError)
+  if (batch <= 0) {
+    TVM_FFI_THROW(ValueError) << "req_pool_indices: expected a non-empty batch (the API returns empty plans "
+                                 "for an empty one), got batch size 0";
+  }
+  if (num_q_tokens < 0) TVM_FFI_THROW(ValueError) << "num_q_tokens: expected >= 0, got " << num_q_tokens;
+  if (num_q_tokens > kMaxRaggedId) TVM_FFI_THROW(ValueError)
       << "num_q_tokens: expected <= " << kMaxRaggedId << " (ragged ids are u16), got " << num_q_tokens;
-  TVM_FFI_CHECK(num_q_tokens >= batch, ValueError)
+  if (num_q_tokens < batch) TVM_FFI_THROW(ValueError)
       << "num_q_tokens: expected >= batch size " << batch << ", got " << num_q_tokens;
   const plan_host::Lengths len{static_cast<const int64_t*>(seq_lens.data_ptr()),
                                static_cast<const int64_t*>(extend_lens.data_ptr()), batch};
@@ -92,9 +94,9 @@ inline plan_host::Lengths check_length_values(const TensorView& seq_lens, const 
     total += e;
     longest = std::max(longest, s);
   }
-  TVM_FFI_CHECK(total == num_q_tokens, ValueError)
+  if (total != num_q_tokens) TVM_FFI_THROW(ValueError)
       << "num_q_tokens: expected sum(extend_lens) = " << total << ", got " << num_q_tokens;
-  TVM_FFI_CHECK(longest <= max_ctx, ValueError)
+  if (longest > max_ctx) TVM_FFI_THROW(ValueError)
       << "seq_lens: expected values <= " << max_ctx << " (columns of req_to_token), got max " << longest;
   return len;
 }
@@ -102,14 +104,14 @@ inline plan_host::Lengths check_length_values(const TensorView& seq_lens, const 
 // validation.check_ring for a regular variant (the Python types were checked by the caller).
 template <int kRatio>
 void check_ring(int64_t ring_size, int64_t swa_page_size, bool use_req_ring) {
-  TVM_FFI_CHECK(ring_size >= 1, ValueError) << "ring_size: expected >= 1, got " << ring_size;
-  TVM_FFI_CHECK(swa_page_size >= 1, ValueError) << "swa_page_size: expected >= 1, got " << swa_page_size;
-  TVM_FFI_CHECK(!use_req_ring || kRatio == 4, ValueError)
+  if (ring_size < 1) TVM_FFI_THROW(ValueError) << "ring_size: expected >= 1, got " << ring_size;
+  if (swa_page_size < 1) TVM_FFI_THROW(ValueError) << "swa_page_size: expected >= 1, got " << swa_page_size;
+  if (use_req_ring && kRatio != 4) TVM_FFI_THROW(ValueError)
       << "use_req_ring: expected False for ratio 128 (ratio 128 always uses the request ring), got True";
-  TVM_FFI_CHECK(ring_size % kRatio == 0, ValueError)
+  if (ring_size % kRatio != 0) TVM_FFI_THROW(ValueError)
       << "ring_size: expected a multiple of compress_ratio " << kRatio << ", got " << ring_size;
   const bool paged = kRatio == 4 && !use_req_ring;
-  TVM_FFI_CHECK(!paged || swa_page_size % ring_size == 0, ValueError)
+  if (paged && swa_page_size % ring_size != 0) TVM_FFI_THROW(ValueError)
       << "swa_page_size: expected a multiple of ring_size " << ring_size << ", got " << swa_page_size;
 }
 
@@ -129,8 +131,10 @@ tvm::ffi::Array<tvm::ffi::Tensor> upload(DLDevice dev, int64_t num_q_tokens, boo
   // A captured copy would read its ring slot at every replay, long after the slot was reused.
   bool capturing = false;
   FC_CHECK_GPU_ERROR(pinned::stream_capturing(stream, &capturing));
-  TVM_FFI_CHECK(!capturing, ValueError) << "stream: expected a stream that is not being captured (host-length "
-                                           "plans are eager; capture the device-length planner), got a capturing one";
+  if (capturing) {
+    TVM_FFI_THROW(ValueError) << "stream: expected a stream that is not being captured (host-length plans are "
+                                 "eager; capture the device-length planner), got a capturing one";
+  }
   const size_t c_bytes = static_cast<size_t>(num_q_tokens) * sizeof(CompressRow);
   const size_t w_bytes = static_cast<size_t>(num_q_tokens) * sizeof(WriteRow);
   pinned::PinnedRing& ring = pinned::ring_of(dev.device_id);
