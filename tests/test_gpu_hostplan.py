@@ -245,6 +245,35 @@ def test_a_bad_call_raises_the_full_paths_error_and_spoils_nothing(world, world_
         assert torch.equal(got, exp), "a rejected call disturbed a plan in flight"
 
 
+# cases whose message the export writes itself, word for word the full path's
+_SAME_MESSAGE = {"num_q_mismatch", "num_q_too_big", "num_q_below_batch", "num_q_negative", "extend_gt_seq",
+                 "extend_zero", "seq_past_table", "ring_not_multiple", "ring_zero", "ring_huge", "swa_not_multiple",
+                 "swa_zero", "extend_short"}
+
+
+@pytest.mark.parametrize("case", [c for c in BAD if c[1] in _SAME_MESSAGE], ids=lambda c: f"{c[0]}-{c[1]}")
+def test_the_exports_own_checks_say_what_the_full_path_says(world, world_dev, case) -> None:
+    op, _, mutate = case
+    make = _regular_kwargs if op == "generate" else _online_kwargs
+    bad = make(world_dev)
+    mutate(bad)
+    cold = _outcome(getattr(CompressorPrefillPlan, op), bad)
+    assert cold is not None
+    from flashcompress.cuda_ops import plans as cp
+
+    if op == "generate":
+        fn = cp._module(4, False).prefill_host
+        args = (bad["seq_lens"], bad["extend_lens"], bad["req_pool_indices"], bad["req_to_token"],
+                bad["full_to_state"], bad["swa_page_size"], bad["ring_size"], False, bad["num_q_tokens"], False)
+    else:
+        fn = cp._module(128, True).prefill_host
+        args = (bad["seq_lens"], bad["extend_lens"], bad["req_pool_indices"], bad["req_to_token"],
+                bad["num_q_tokens"], False, 0)
+    with pytest.raises(cold[0]) as info:
+        fn(*args)
+    assert str(info.value) == cold[1]
+
+
 # ----------------------------------------------------------------------------- the pinned ring
 
 @pytest.mark.parametrize("graph", [False, True], ids=["exact", "graph_padded"])
