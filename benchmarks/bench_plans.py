@@ -337,11 +337,28 @@ def bench_host(args) -> None:
                   f"{torch_us / native_us:6.1f} {api_torch:15.1f} {api_native:13.1f}", flush=True)
 
 
+def time_full_path(calls: list[Callable[[], object]], iters: int) -> float:
+    """``time_eager`` with the one-call host prefill planner (``plans.HOST_PREFILL``) switched off:
+    the full Python path (checks, native stage 0, uploads, stage-1 launch), for an A/B in one run."""
+    from flashcompress import plans as P
+
+    saved, learn = dict(P.HOST_PREFILL), P._learn_host_prefill
+    P.HOST_PREFILL.clear()
+    P._learn_host_prefill = lambda *a, **k: None
+    try:
+        return time_eager(calls, iters)
+    finally:
+        P._learn_host_prefill = learn
+        P.HOST_PREFILL.update(saved)
+
+
 def bench_peer_host(world, args, rng: random.Random) -> None:
     """``--peer``: the host-length prefill planners against SGLang 0.5.23's (``benchmarks/_peer.py``):
     CPU ``seq_lens`` / ``extend_lens``, the world and the slots on the GPU, wall clock per call
     including the host stage (back-to-back calls over ``--rotate`` batches, one sync at the end).
-    The peer's call allocates its pinned staging buffer per call, as its wrapper does."""
+    The peer's call allocates its pinned staging buffer per call, as its wrapper does.
+    ``fc api us``: the public call (the one-call planner ``prefill_host`` once learnt);
+    ``fc full us``: the same calls on the full Python path (``time_full_path``)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _peer
 
@@ -350,7 +367,7 @@ def bench_peer_host(world, args, rng: random.Random) -> None:
     slots, ctx = r2t.shape
     peer = _peer.get_peer(dev)
     print(f"# host-length prefill planners vs the peer: {peer.describe()}")
-    print(f"{'case':<18} {'mode':<13} {'fc api us':>10} {'peer us':>10} {'fc/peer':>8}")
+    print(f"{'case':<18} {'mode':<13} {'fc api us':>10} {'fc full us':>10} {'peer us':>10} {'fc/peer':>8}")
     for tokens, batch in HOST_CASES:
         batches = []
         for _ in range(args.rotate):
@@ -367,6 +384,7 @@ def bench_peer_host(world, args, rng: random.Random) -> None:
                 ours = [lambda b=b: CompressorPrefillPlan.generate(ratio, b[0], b[1], b[2], r2t, f2s, PAGE, ring,
                                                                    tokens, False, req_ring) for b in batches]
             fc_us = time_eager(ours, max(20, args.iters // 4))
+            full_us = time_full_path(ours, max(20, args.iters // 4))
             try:
                 if online:
                     theirs = [peer.plan_online_prefill_call(b[1], b[2], b[0], r2t, tokens) for b in batches]
@@ -378,7 +396,8 @@ def bench_peer_host(world, args, rng: random.Random) -> None:
             except Exception as exc:  # noqa: BLE001  (PeerUnavailable, a build or launch failure)
                 peer_us, why = None, f"  peer: {str(exc).splitlines()[0][:120]}"
             ratio_s = "-" if peer_us is None else f"{fc_us / peer_us:8.2f}"
-            print(f"{f'{tokens} tok / {batch} req':<18} {mode:<13} {fc_us:10.1f} {fmt(peer_us):>10} {ratio_s:>8}{why}",
+            print(f"{f'{tokens} tok / {batch} req':<18} {mode:<13} {fc_us:10.1f} {full_us:10.1f} {fmt(peer_us):>10} "
+                  f"{ratio_s:>8}{why}",
                   flush=True)
 
 

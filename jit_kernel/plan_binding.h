@@ -39,6 +39,13 @@
 //                           state_slot_offset)           req_to_token checked, offset <= INT32_MAX - R
 // decode_alloc(decode_checked's arguments without out) -> out: the rows allocated here through the
 //   caller's allocator (TVMFFIEnvTensorAlloc; torch's for torch tensors), then decode_checked
+// prefill_host: the eager prefill plan of host lengths (plan_host_prefill.h), one call:
+//   regular: prefill_host(seq_lens i64[B] host, extend_lens i64[B] host, req_pool_indices i64[B],
+//                         req_to_token i32[R,L], full_to_state i64[F], swa_page_size, ring_size,
+//                         use_req_ring, num_q_tokens, pad) -> [plan_c u8[C,16], plan_w u8[W,8]]
+//   online:  prefill_host(seq_lens, extend_lens, req_pool_indices, req_to_token i32[R,L],
+//                         num_q_tokens, pad, state_slot_offset) -> [plan_c u8[C,16], plan_w u8[W,16]]
+//   exact counts C, W (pad: num_q_tokens rows each, sentinels past the counts); B >= 1.
 // Both:
 //   layout_info() -> str, JSON of the C++ plan layouts (host only; no GPU needed)
 //
@@ -72,6 +79,7 @@
 #include "gpu_runtime.h"
 #include "layout.h"
 #include "plan.cuh"
+#include "plan_host_prefill.h"
 #include "plan_launch.h"
 
 namespace flashcompress {
@@ -357,6 +365,43 @@ struct PlanBinding<kRatio, false> {
     chk::launch_on(r.dev, &Launch::prefill_device, args);
   }
 
+  // The eager prefill plan from host lengths and a device world, in one call
+  // (plan_host_prefill.h): checks, stage 0 on the host into a pinned slot, device rows from the
+  // caller's allocator, H2D copies and stage 1 on the caller's stream; returns [plan_c, plan_w].
+  static tvm::ffi::Array<tvm::ffi::Tensor> prefill_host(TensorView seq_lens, TensorView extend_lens,
+                                                        TensorView req_pool_indices, TensorView req_to_token,
+                                                        TensorView full_to_state, int64_t swa_page_size,
+                                                        int64_t ring_size, bool use_req_ring,
+                                                        int64_t num_q_tokens, bool pad) {
+    namespace pe = ::flashcompress::plan_eager;
+    const DLDevice dev = pe::check_slots(req_pool_indices);
+    const int64_t batch = req_pool_indices.size(0);
+    pe::check_table(req_to_token, "req_to_token", chk::kInt32, 2, dev);
+    pe::check_table(full_to_state, "full_to_state", chk::kInt64, 1, dev);
+    pe::check_host_lengths(seq_lens, "seq_lens", batch);
+    pe::check_host_lengths(extend_lens, "extend_lens", batch);
+    pe::check_ring<kRatio>(ring_size, swa_page_size, use_req_ring);
+    const plan_host::Lengths len = pe::check_length_values(seq_lens, extend_lens, num_q_tokens, req_to_token.size(1));
+    PrefillStage1Args args{};
+    args.addr = make_addressing<kRatio>(req_to_token, full_to_state, swa_page_size, ring_size, use_req_ring, dev);
+    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
+    args.batch = batch;
+    const plan_host::Addressing host_addr{swa_page_size, ring_size, kRatio == 4 && !use_req_ring};
+    chk::GpuDeviceGuard guard(dev.device_id);
+    return pe::upload<CompressPlan, WritePlan>(
+        dev, num_q_tokens, pad,
+        [&](CompressPlan* c, WritePlan* w) { return plan_host::regular_stage0<kRatio>(len, host_addr, c, w); },
+        [&](tvm::ffi::Tensor& c, tvm::ffi::Tensor& w, const plan_host::Counts& n, gpuStream_t stream) {
+          args.plan_c = static_cast<CompressPlan*>(c.data_ptr());
+          args.plan_w = static_cast<WritePlan*>(w.data_ptr());
+          args.rows_c = c.size(0);
+          args.num_c = n.compress_rows;
+          args.rows_w = w.size(0);
+          args.num_w = n.write_rows;
+          FC_CHECK_GPU_ERROR(Launch::prefill_stage1(args, stream));
+        });
+  }
+
   static tvm::ffi::String layout_info() { return layout_json<kRatio, false>(); }
 };
 
@@ -420,6 +465,38 @@ struct PlanBinding<kRatio, true> {
     fill_device(args, r, plan_c, plan_w, workspace, req_pool_indices, seq_lens, extend_lens);
     args.addr.state_slot_offset = state_slot_offset;
     chk::launch_on(r.dev, &Launch::prefill_device, args);
+  }
+
+  // The eager online prefill plan from host lengths and a device world, in one call (as the
+  // regular prefill_host; write slots rid + state_slot_offset, offset <= INT32_MAX - R).
+  static tvm::ffi::Array<tvm::ffi::Tensor> prefill_host(TensorView seq_lens, TensorView extend_lens,
+                                                        TensorView req_pool_indices, TensorView req_to_token,
+                                                        int64_t num_q_tokens, bool pad, int64_t state_slot_offset) {
+    namespace pe = ::flashcompress::plan_eager;
+    const DLDevice dev = pe::check_slots(req_pool_indices);
+    const int64_t batch = req_pool_indices.size(0);
+    pe::check_table(req_to_token, "req_to_token", chk::kInt32, 2, dev);
+    pe::check_host_lengths(seq_lens, "seq_lens", batch);
+    pe::check_host_lengths(extend_lens, "extend_lens", batch);
+    chk::check_range(state_slot_offset, "state_slot_offset", 0, kInt32Max - req_to_token.size(0));
+    const plan_host::Lengths len = pe::check_length_values(seq_lens, extend_lens, num_q_tokens, req_to_token.size(1));
+    OnlinePrefillStage1Args args{};
+    args.addr.state_slot_offset = state_slot_offset;
+    args.req_pool_indices = static_cast<const int64_t*>(req_pool_indices.data_ptr());
+    args.batch = batch;
+    chk::GpuDeviceGuard guard(dev.device_id);
+    return pe::upload<CompressPlan, CompressPlan>(
+        dev, num_q_tokens, pad,
+        [&](CompressPlan* c, CompressPlan* w) { return plan_host::online_stage0(len, c, w); },
+        [&](tvm::ffi::Tensor& c, tvm::ffi::Tensor& w, const plan_host::Counts& n, gpuStream_t stream) {
+          args.plan_c = static_cast<CompressPlan*>(c.data_ptr());
+          args.plan_w = static_cast<CompressPlan*>(w.data_ptr());
+          args.rows_c = c.size(0);
+          args.num_c = n.compress_rows;
+          args.rows_w = w.size(0);
+          args.num_w = n.write_rows;
+          FC_CHECK_GPU_ERROR(Launch::prefill_stage1(args, stream));
+        });
   }
 
   static tvm::ffi::String layout_info() { return layout_json<kRatio, true>(); }

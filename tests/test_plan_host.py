@@ -554,3 +554,51 @@ def test_a_complex_tensor_is_named_not_fatal(native: None) -> None:
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=os.environ)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "TypeError:" in res.stdout and "complex64" in res.stdout, res.stdout + res.stderr[-2000:]
+
+
+def test_host_world_never_takes_the_one_call_gpu_planner(native: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plans.HOST_PREFILL`` (the ``plan`` family's ``prefill_host``, GPU world only) is not called
+    for an all-CPU plan even when an entry is learnt; the bytes stay the native host planner's."""
+    from flashcompress import plans as P
+
+    def refuse(*args: object) -> None:
+        raise AssertionError("prefill_host called for a CPU world")
+
+    monkeypatch.setitem(P.HOST_PREFILL, 4, refuse)
+    monkeypatch.setitem(P.HOST_PREFILL, "online", refuse)
+    monkeypatch.setattr(P, "_host_prefill_ready", lambda: True)
+    world = make_world(seed=5)
+    rids, seq, ext = random_batch(random.Random(2), world, 5, 300)
+    num_q = int(ext.sum())
+    for graph in (False, True):
+        plan = CompressorPrefillPlan.generate(4, rids, seq, ext, world.req_to_token, world.full_to_state, 256, 8,
+                                              num_q, graph)
+        want_c, want_w = tp.prefill_plan(4, rids, seq, ext, world.req_to_token, world.full_to_state, 256, 8, num_q,
+                                         graph, False)
+        assert_plan_bytes(plan[1], want_c, "plan_c")
+        assert_plan_bytes(plan[2], want_w, "plan_w", "write")
+        plan = CompressorPrefillPlan.generate_online(seq, ext, rids, world.req_to_token, num_q, graph, 2)
+        want_c, want_w = tp.online_prefill_plan(seq, ext, rids, num_q, graph, 2)
+        assert_plan_bytes(plan[1], want_c, "online plan_c")
+        assert_plan_bytes(plan[2], want_w, "online plan_w")
+    assert P.HOST_PREFILL[4] is refuse  # nothing learnt from a CPU world
+
+
+def test_the_rows_of_an_export_result_are_read_by_index() -> None:
+    """``plans._rows`` unpacks a tvm-ffi Array of two tensors (the ``prefill_host`` result) into torch
+    tensors; it also takes any indexable pair."""
+    import tvm_ffi
+
+    from flashcompress import plans as P
+
+    a, b = torch.zeros(3, 16, dtype=torch.uint8), torch.ones(2, 8, dtype=torch.uint8)
+    got = P._rows(tvm_ffi.get_global_func("ffi.Array")(a, b))
+    assert all(isinstance(t, torch.Tensor) for t in got)
+    assert torch.equal(got[0], a) and torch.equal(got[1], b)
+    assert got[0].data_ptr() == a.data_ptr()
+    monkey = P._array_item
+    try:
+        P._array_item = None
+        assert P._rows([a, b]) == (a, b)
+    finally:
+        P._array_item = monkey

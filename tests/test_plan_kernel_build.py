@@ -61,7 +61,8 @@ def test_plan_family_registration() -> None:
 
     fam = get_family("plan")
     assert fam is plan_builder.PLAN
-    assert fam.exports == ("decode", "decode_checked", "decode_alloc", "prefill_stage1", "prefill_device", "layout_info")
+    assert fam.exports == ("decode", "decode_checked", "decode_alloc", "prefill_stage1", "prefill_device", "prefill_host",
+                           "layout_info")
     assert [dict(v) for v in fam.expand()] == EXPECTED_VARIANTS
     for model in ("deepseek-v4-flash", "deepseek-v4-pro"):
         assert fam.preset_params(model) == EXPECTED_VARIANTS
@@ -87,7 +88,8 @@ def test_rendered_sources_are_thin(jit_env, params) -> None:
     assert "tvm/ffi" not in kernel, "kernel.cu must stay free of tvm-ffi headers (nvcc compile time)"
     assert "__global__" not in kernel, "kernel bodies belong in jit_kernel/plan_builder.cuh"
     assert f"PlanBinding<{params['ratio']}, {online}>" in binding
-    for name in ("decode", "decode_checked", "decode_alloc", "prefill_stage1", "prefill_device", "layout_info"):
+    for name in ("decode", "decode_checked", "decode_alloc", "prefill_stage1", "prefill_device", "prefill_host",
+                 "layout_info"):
         assert f"TVM_FFI_DLL_EXPORT_TYPED_FUNC({name}, {key.module_name}::Binding::{name});" in binding
     for template in ("plan_kernel.cu.j2", "plan_binding.cpp.j2"):  # no regular/online split in the templates
         assert "{% if" not in (template_dir() / template).read_text()
@@ -135,6 +137,12 @@ def test_binding_rejects_host_tensors(jit_env) -> None:
     with pytest.raises(ValueError, match="plan_c: expected a cuda tensor"):
         online.prefill_device(torch.empty((2, 16), dtype=torch.uint8), torch.empty((2, 16), dtype=torch.uint8),
                               torch.empty(9, dtype=torch.int64), z, z, z, 0)
+    # the eager prefill planner of host lengths wants its world (the slots first) on the GPU
+    r2t, f2s = torch.zeros((4, 16), dtype=torch.int32), torch.zeros(8, dtype=torch.int64)
+    with pytest.raises(ValueError, match="req_pool_indices: expected a cuda tensor, got one on cpu:0"):
+        mod.prefill_host(z, z, z, r2t, f2s, 256, 8, False, 2, False)
+    with pytest.raises(ValueError, match="req_pool_indices: expected a cuda tensor, got one on cpu:0"):
+        online.prefill_host(z, z, z, r2t, 2, False, 0)
 
 
 # A warning whose primary location is one of our files: a jit_kernel/ header or a rendered TU

@@ -11,15 +11,25 @@ A plan is a tuple ``(compress_ratio, plan_rows...)`` of raw uint8 plan tensors
 or ``cuda_ops.plans`` (the CUDA plan-builder kernels, same functions).  Both
 produce the same bytes in the same row order (batch-major, position-ascending).
 An empty batch returns empty plans and launches nothing.
+
+Host lengths with the world on a GPU (an engine's eager prefill): once a call of that kind passed
+the full path, later ones are a single native call (``HOST_PREFILL``, the ``plan`` export
+``prefill_host``), which checks what the full path checks for that case before writing anything;
+a call it rejects runs the full path, which raises the named error.  ``FLASHCOMPRESS_DEBUG=1`` and
+the PyTorch backend always take the full path.
 """
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import torch
 
 from . import fastpath as _fastpath
 from . import validation as V
 from .dispatch import plans_backend
+from .jit import settings as _settings
+from .jit.family import module_memo
 from .layouts import PLAN_ROW_BYTES, WRITE_ROW_BYTES
 
 
@@ -37,6 +47,53 @@ def _native_checks(ratio: int, online: bool):
     from .cuda_ops import plan_host
 
     return plan_host.native_planner(ratio, online, stacklevel=4)  # warns at generate's caller
+
+
+# The eager prefill planner of host lengths and a device world (an engine's eager prefill): one
+# native call, the ``plan`` variant's ``prefill_host`` (jit_kernel/plan_host_prefill.h: the API's
+# checks of that case, stage 0 on the host into a pinned ring slot, device rows from torch's
+# allocator, H2D copies and stage 1 on the current stream). Key: the ratio (``generate``) or
+# "online" (``generate_online``) -> the export, or None where it is unavailable; learnt from a call
+# that passed the full path on the JIT backend (``_learn_host_prefill``), emptied with the JIT memos.
+# A call the export rejects wrote nothing: the full path then raises the named error.
+HOST_PREFILL: dict[Any, Callable[..., Any] | None] = module_memo()
+
+
+def _host_prefill_ready() -> bool:
+    """The export is the last line of checks: the JIT backend, no debug value checks."""
+    return _settings._JIT_ENABLED is True and _settings._DEBUG is False
+
+
+def _learn_host_prefill(key: Any, plan: "CompressorPrefillPlan", args: tuple[Any, ...]) -> None:
+    """Learn ``HOST_PREFILL[key]`` from a full-path plan built on the GPU from host lengths: the
+    export is probed once on the same arguments (it must return rows of the plan's shapes)."""
+    if key in HOST_PREFILL or not _fastpath._learnable(plan[1].get_device()):
+        return
+    from .cuda_ops import plans as cp
+
+    fn = None
+    try:
+        module = cp._module(128, True) if key == "online" else cp._module(key, False)
+        candidate = _fastpath._no_gil(module.prefill_host)
+        rows = _rows(candidate(*args))
+        if all(isinstance(r, torch.Tensor) and r.is_cuda and r.shape == p.shape for r, p in zip(rows, plan[1:])):
+            fn = candidate
+    except Exception:  # noqa: BLE001  (no export in this build, no allocator: the full path stays)
+        fn = None
+    HOST_PREFILL[key] = fn
+
+
+try:  # the two rows of the export's Array: one FFI call each (indexing the Array costs two more)
+    from tvm_ffi._ffi_api import ArrayGetItem as _array_item
+except ImportError:  # pragma: no cover  (another tvm-ffi layout)
+    _array_item = None
+
+
+def _rows(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(plan_c, plan_w)`` of a ``prefill_host`` result (a tvm-ffi Array of two tensors)."""
+    if _array_item is not None:
+        return _array_item(result, 0), _array_item(result, 1)
+    return result[0], result[1]
 
 
 class _PlanBase(V.PlanTuple):
@@ -253,6 +310,16 @@ class CompressorPrefillPlan(_PlanBase):
         Example: ``plan = CompressorPrefillPlan.generate(4, rids, seq_lens, extend_lens, req_to_token,
         full_to_state, 256, 8, int(extend_lens.sum()))``.
         """
+        fn = HOST_PREFILL.get(compress_ratio) if type(compress_ratio) is int else None
+        if (fn is not None and type(swa_page_size) is int and type(ring_size) is int and type(num_q_tokens) is int
+                and type(use_cuda_graph) is bool and type(use_req_ring) is bool and _host_prefill_ready()):
+            try:  # host lengths, device world: the one-call planner (checks first, writes nothing on error)
+                if seq_lens.is_cpu and req_pool_indices.is_cuda:
+                    plan_c, plan_w = _rows(fn(seq_lens, extend_lens, req_pool_indices, req_to_token, full_to_state,
+                                              swa_page_size, ring_size, use_req_ring, num_q_tokens, use_cuda_graph))
+                    return CompressorPrefillPlan(compress_ratio, plan_c, plan_w, is_online=False)
+            except Exception:  # noqa: BLE001  (rejected: the full path below raises the named error)
+                pass
         ratio = V.check_ratio(compress_ratio)
         device = V.check_world(req_pool_indices, req_to_token, full_to_state)
         batch = req_pool_indices.shape[0]
@@ -299,7 +366,11 @@ class CompressorPrefillPlan(_PlanBase):
             ratio, req_pool_indices, seq, ext, req_to_token, full_to_state, swa_page_size, ring_size, num_q_tokens,
             use_cuda_graph or not host_lengths, use_req_ring,
         )
-        return CompressorPrefillPlan(ratio, plan_c, plan_w, is_online=False)
+        plan = CompressorPrefillPlan(ratio, plan_c, plan_w, is_online=False)
+        if host_lengths and device.type == "cuda":
+            _learn_host_prefill(ratio, plan, (seq, ext, req_pool_indices, req_to_token, full_to_state, swa_page_size,
+                                              ring_size, use_req_ring, num_q_tokens, use_cuda_graph))
+        return plan
 
     @staticmethod
     def generate_online(
@@ -340,6 +411,16 @@ class CompressorPrefillPlan(_PlanBase):
         Example: ``plan = CompressorPrefillPlan.generate_online(seq_lens, extend_lens, rids,
         req_to_token, int(extend_lens.sum()))``.
         """
+        fn = HOST_PREFILL.get("online")
+        if (fn is not None and type(num_q_tokens) is int and type(use_cuda_graph) is bool
+                and type(state_slot_offset) is int and _host_prefill_ready()):
+            try:  # host lengths, device world: the one-call planner (checks first, writes nothing on error)
+                if seq_lens.is_cpu and req_pool_indices.is_cuda:
+                    plan_c, plan_w = _rows(fn(seq_lens, extend_lens, req_pool_indices, req_to_token, num_q_tokens,
+                                              use_cuda_graph, state_slot_offset))
+                    return CompressorPrefillPlan(128, plan_c, plan_w, is_online=True)
+            except Exception:  # noqa: BLE001  (rejected: the full path below raises the named error)
+                pass
         device = V.check_world(req_pool_indices, req_to_token, None)
         batch = req_pool_indices.shape[0]
         seq = V.check_lengths("seq_lens", seq_lens, batch, device, allow_cpu=True)
@@ -347,6 +428,7 @@ class CompressorPrefillPlan(_PlanBase):
         if not isinstance(use_cuda_graph, bool):
             V.fail("use_cuda_graph", "a bool", repr(use_cuda_graph), TypeError)
         V.check_slot_offset(state_slot_offset, req_to_token)
+        host_lengths = seq.device.type == "cpu"
         # Online segments are cut on the host (a sync if the lengths live on the GPU, as in the peer).
         seq, ext = seq.cpu(), ext.cpu()
         native = _native_checks(128, True) if device.type == "cpu" else None
@@ -371,7 +453,11 @@ class CompressorPrefillPlan(_PlanBase):
         plan_c, plan_w = plans_backend(device).online_prefill_plan(
             seq, ext, req_pool_indices, num_q_tokens, use_cuda_graph, state_slot_offset
         )
-        return CompressorPrefillPlan(128, plan_c, plan_w, is_online=True)
+        plan = CompressorPrefillPlan(128, plan_c, plan_w, is_online=True)
+        if host_lengths and device.type == "cuda":
+            _learn_host_prefill("online", plan, (seq, ext, req_pool_indices, req_to_token, num_q_tokens,
+                                                 use_cuda_graph, state_slot_offset))
+        return plan
 
 
 _fastpath._DecodePlan = CompressorDecodePlan  # the eager binding-first path recognises decode plans by class

@@ -11,7 +11,12 @@ Variants: ``ratio`` in {4, 128} x ``online`` (online only with ratio 128).  Ever
 variant exports ``decode``, ``decode_checked`` / ``decode_alloc`` (the eager path of
 ``CompressorDecodePlan.generate*``, ``flashcompress.fastpath``: ``decode`` plus the API's table
 checks; ``decode_alloc`` allocates the rows itself through torch's allocator), ``prefill_stage1``,
-``prefill_device`` and ``layout_info`` (jit_kernel/plan_binding.h lists the signatures).
+``prefill_device``, ``prefill_host`` and ``layout_info`` (jit_kernel/plan_binding.h lists the signatures).
+``prefill_host`` is the eager prefill plan of host lengths and a device world in one call (the
+API's checks of that case, stage 0 on the host into a pinned ring slot, device rows from torch's
+allocator, H2D copies and stage 1 on the current stream: jit_kernel/plan_host_prefill.h); the
+public ``generate`` / ``generate_online`` use it once learnt (``flashcompress.plans.HOST_PREFILL``),
+``prefill_plan`` / ``online_prefill_plan`` below are the full path's launchers.
 
 The planner entry points have the names and signatures of ``torch_backend.plans``
 (``dispatch.plans_backend`` returns one module or the other)::
@@ -75,7 +80,7 @@ __all__ = [
     "prefill_workspace",
 ]
 
-EXPORTS = ("decode", "decode_checked", "decode_alloc", "prefill_stage1", "prefill_device", "layout_info")
+EXPORTS = ("decode", "decode_checked", "decode_alloc", "prefill_stage1", "prefill_device", "prefill_host", "layout_info")
 
 
 # --------------------------------------------------------------------------
