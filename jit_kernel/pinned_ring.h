@@ -6,9 +6,11 @@
 // kSlots page-locked buffers (cudaHostAlloc / hipHostMalloc, portable), each guarded by an event
 // recorded on the stream right after its copy. A slot is handed out again only after its event
 // completed (normally long ago: the ring is used round robin), so no copy ever reads a slot that is
-// being rewritten. A slot grows (freed and reallocated, at least doubling) when a plan needs more
-// bytes than it has. Rings live for the process (never freed: no teardown-order hazard with the
-// GPU runtime) and are guarded by a mutex (callers may run without the GIL).
+// being rewritten. Page-locked allocation (and freeing) synchronises the device, so the first use
+// of a ring allocates all its slots at once (kMinBytes each: the rows of a 32k-token chunk), and a
+// later call pays that only when a plan needs more bytes than its slot has (the slot is freed and
+// reallocated, at least doubling). Rings live for the process (never freed: no teardown-order
+// hazard with the GPU runtime) and are guarded by a mutex (callers may run without the GIL).
 //
 // Use (the device of `device_id` current):
 //   std::lock_guard<std::mutex> lock(ring.mutex);
@@ -77,12 +79,21 @@ struct PinnedSlot {
 class PinnedRing {
  public:
   static constexpr int kSlots = 8;
-  static constexpr size_t kMinBytes = size_t{64} << 10;
+  static constexpr size_t kMinBytes = size_t{1} << 20;
 
   std::mutex mutex;
 
   // The next slot, its previous copy finished, with room for `bytes` (mutex held, device current).
   PinnedSlot& acquire(size_t bytes) {
+    if (!allocated_) {  // every slot at once: one synchronising allocation phase, at the first call
+      for (PinnedSlot& slot : slots_) {
+        if (slot.host == nullptr) {
+          FC_CHECK_GPU_ERROR(host_alloc(&slot.host, kMinBytes));
+          slot.bytes = kMinBytes;
+        }
+      }
+      allocated_ = true;
+    }
     PinnedSlot& s = slots_[next_];
     next_ = (next_ + 1) % kSlots;
     if (s.event == nullptr) FC_CHECK_GPU_ERROR(event_create(&s.event));
@@ -104,6 +115,7 @@ class PinnedRing {
  private:
   PinnedSlot slots_[kSlots];
   int next_ = 0;
+  bool allocated_ = false;
 };
 
 // Releases a slot on scope exit (create it right before the copies from the slot), also when a
