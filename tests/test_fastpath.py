@@ -407,3 +407,38 @@ def test_set_tiling_switches_the_fast_path_too() -> None:
         assert cc.current_tiling() == "closing"
     finally:
         cc.set_tiling(saved)
+
+
+@pytest.mark.parametrize("online", [False, True])
+def test_c128_prefill_fused_runs_the_two_step_launches(monkeypatch: pytest.MonkeyPatch, online: bool) -> None:
+    """The CUDA backend's ``compress_and_store`` of a C128 / online C128 prefill is
+    ``compress_forward`` into rows of the input dtype, then the store of those rows with the
+    call's plan rows and store arguments (the two-step path); decode and C4 prefill keep the
+    fused kernel (here: reach the module lookup)."""
+    from flashcompress.cuda_ops import compress as cc
+    from flashcompress.cuda_ops import store as cs
+    from flashcompress.layouts import LAYER_KINDS
+    from flashcompress.validation import CompressCall, StoreTail, store_format
+
+    seen: list[tuple] = []
+    monkeypatch.setattr(cc, "compress_forward", lambda call, out, tiling=None: seen.append(("forward", out, tiling)))
+    monkeypatch.setattr(cs, "compress_norm_rope_store", lambda call: seen.append(("store", call)))
+    tail = StoreTail(torch.ones(512), 1e-6, torch.zeros(4, 32, dtype=torch.complex64), torch.zeros(8, dtype=torch.int64),
+                     torch.zeros(2, 584 * 2, dtype=torch.uint8), 2, store_format(512, False, False, 2)[0])
+    rows, plan_w = torch.zeros(3, 16, dtype=torch.uint8), torch.zeros(8, 8, dtype=torch.uint8)
+    inp = torch.zeros(8, 1024, dtype=torch.bfloat16)
+    call = CompressCall(LAYER_KINDS[(128, 512, online)], torch.zeros(4, 1536 if online else 1024), inp,
+                        torch.zeros(128, 512, dtype=torch.bfloat16), rows, plan_w, tail, -1)
+    cc.compress_and_store(call, tiling="closing")
+    assert [s[0] for s in seen] == ["forward", "store"]
+    kv = seen[0][1]
+    assert kv.shape == (3, 512) and kv.dtype is torch.bfloat16 and seen[0][2] == "closing"
+    store = seen[1][1]
+    assert store.kv is kv and store.plan_rows is rows and store.store is tail and not store.is_decode
+    assert store.ratio == 128
+    seen.clear()
+    monkeypatch.setattr(cc, "_MODULES", {})
+    monkeypatch.setattr(cc, "_module", lambda *key: (_ for _ in ()).throw(LookupError(key)))
+    with pytest.raises(LookupError):  # a decode call goes to the fused kernel's module
+        cc.compress_and_store(call._replace(plan_w=None), tiling="auto")
+    assert seen == []

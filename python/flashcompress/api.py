@@ -158,11 +158,11 @@ def compress_and_store(
 ) -> None:
     """``compress_forward`` then ``compress_norm_rope_store`` in one call (same arguments, checked once).
 
-    On CUDA the compress kernel stores each row itself (decode: one launch; prefill: the
-    pooling pass, which stores, then the state write pass).  Writes exactly the state rows
-    and cache bytes of the two-step path (the compressed row is rounded to the input dtype
-    before the store, as the two-step path's intermediate is); the intermediate rows never
-    reach memory.  Arguments: see ``compress_forward`` (the first eight) and
+    On CUDA the compress kernel stores each row itself in decode and C4 prefill (decode: one
+    launch; prefill: the pooling pass, which stores, then the state write pass); C128 and
+    online C128 prefill run the two-step path's launches, which measured faster there.
+    Writes exactly the state rows and cache bytes of the two-step path (the compressed row is
+    rounded to the input dtype before the store, as the two-step path's intermediate is).  Arguments: see ``compress_forward`` (the first eight) and
     ``compress_norm_rope_store`` (the store arguments, with D = ``head_dim``).
 
     Example: ``compress_and_store(state, inp, ape, plan, head_dim=512, compress_ratio=4,

@@ -29,10 +29,10 @@ in_dtype``, the dtype of the two-step path's intermediate) before the store.
 Every call launches on the caller's current CUDA stream and never synchronises:
 decode is one kernel; prefill is the compress pass then the write pass (the
 second waits on the first through programmatic dependent launch on SM90).
-``compress_and_store`` is the compress kernel with the store epilogue for every
-layer kind (no fp32 intermediate); where it measured slower than the two calls
-(C128 prefill, all-boundary C128 decode batches) the README's "which to use"
-paragraph says so.
+``compress_and_store`` is the compress kernel with the store epilogue (no intermediate
+rows) in decode and C4 prefill; C128 and online C128 prefill run the two-step path's
+launches (compress pass, write pass, store kernel), which measured faster there (the
+README's "which to use" paragraph).
 """
 
 from __future__ import annotations
@@ -204,10 +204,16 @@ def compress_forward(call: CompressCall, out: torch.Tensor, tiling: str | None =
 
 def compress_and_store(call: CompressCall, tiling: str | None = None) -> None:
     """Pool windows, update the state pool and store each compressed row into ``kvcache``: the
-    compress kernel with the store epilogue (decode: one launch; prefill: the pooling pass, which
-    stores, then the state write pass). ``tiling`` None: ``current_tiling()``."""
+    compress kernel with the store epilogue (decode: one launch; C4 prefill: the pooling pass,
+    which stores, then the state write pass). C128 and online C128 prefill run the two-step
+    path's launches instead (compress pass, write pass, store kernel), which measured faster
+    than the stored pooling pass there (RESULTS.md, s16.2 / s17.3). ``tiling`` None:
+    ``current_tiling()``."""
     if tiling is None:
         tiling = _TILING
+    if call.plan_w is not None and call.layer.ratio == 128:
+        _compress_then_store(call, tiling)
+        return
     layer, pool, inp, ape, plan_rows, plan_w, st = (call.layer, call.pool, call.inp, call.ape, call.plan_rows,
                                                     call.plan_w, call.store)
     in_dtype = inp.dtype
@@ -226,3 +232,13 @@ def compress_and_store(call: CompressCall, tiling: str | None = None) -> None:
     module.compress_store(pool, inp, ape, plan_rows, plan_rows if is_decode else plan_w, norm_weight,
                           freq_table(st.freq_cis), st.out_loc, st.kvcache, st.norm_eps, st.page_size, is_decode)
 
+
+def _compress_then_store(call: CompressCall, tiling: str) -> None:
+    """``compress_and_store`` of a C128 / online C128 prefill: ``compress_forward`` into rows of the
+    input dtype (the two-step path's intermediate), then ``compress_norm_rope_store``."""
+    from ..validation import StoreCall
+    from .store import compress_norm_rope_store
+
+    kv = torch.empty((call.plan_rows.shape[0], call.layer.head_dim), dtype=call.inp.dtype, device=call.inp.device)
+    compress_forward(call, kv, tiling=tiling)
+    compress_norm_rope_store(StoreCall(kv, call.plan_rows, False, call.layer.ratio, call.store, call.device))
