@@ -168,17 +168,10 @@ __global__ void __launch_bounds__(512, 2) decode_kernel_c128(const CompressArgs 
       lg[j] += to_float(bi[j].v[i]);
       m = fmaxf(m, lg[j]);
     }
-    const float ms = m == -INFINITY ? 0.f : m;
-    float s = 0.f, n = 0.f;
-#pragma unroll
-    for (int j = 0; j < D::kPer; ++j) {
-      const float q = exp_<C::kFastExp>(lg[j] - ms);
-      s += q;
-      n = fmaf(q, kv[j], n);
-    }
-    sm.m[warp][2 * lane + i] = m;
-    sm.s[warp][2 * lane + i] = s;
-    sm.n[warp][2 * lane + i] = n;
+    const Acc p = softmax_partial<C::kFastExp>(lg, kv, m);
+    sm.m[warp][2 * lane + i] = p.m;
+    sm.s[warp][2 * lane + i] = p.s;
+    sm.n[warp][2 * lane + i] = p.n;
   }
   __syncthreads();
 

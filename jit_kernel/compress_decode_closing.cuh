@@ -354,17 +354,10 @@ __global__ void __launch_bounds__(512, 2) decode_kernel_closing(const CompressAr
           lg[j] += to_float(bi[j].v[q]);
           m = fmaxf(m, lg[j]);
         }
-        const float ms = m == -INFINITY ? 0.f : m;
-        float s = 0.f, n = 0.f;
-#pragma unroll
-        for (int j = 0; j < D::kPer; ++j) {
-          const float e = exp_<C::kFastExp>(lg[j] - ms);
-          s += e;
-          n = fmaf(e, kv[j], n);
-        }
-        sm.m[par][warp][2 * lane + q] = m;
-        sm.s[par][warp][2 * lane + q] = s;
-        sm.n[par][warp][2 * lane + q] = n;
+        const Acc p = softmax_partial<C::kFastExp>(lg, kv, m);
+        sm.m[par][warp][2 * lane + q] = p.m;
+        sm.s[par][warp][2 * lane + q] = p.s;
+        sm.n[par][warp][2 * lane + q] = p.n;
       }
       // Warp 0: the previous item's store, off this item's load path (its sums have arrived
       // during this item's window round trip).

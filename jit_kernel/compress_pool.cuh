@@ -42,6 +42,21 @@ __device__ __forceinline__ float exp_(float x) {
   }
 }
 
+// The softmax partial of N live entries whose maximum logit is m: (m, sum of exp(lg - m), sum of
+// exp(lg - m) * kv), both sums in entry order; m = -inf (every logit -inf) subtracts 0.
+template <bool kFast, int N>
+__device__ __forceinline__ Acc softmax_partial(const float (&lg)[N], const float (&kv)[N], float m) {
+  const float ms = m == -INFINITY ? 0.f : m;
+  float s = 0.f, n = 0.f;
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const float e = exp_<kFast>(lg[j] - ms);
+    s += e;
+    n = fmaf(e, kv[j], n);
+  }
+  return Acc{m, s, n};
+}
+
 // Merge b into a, without branches. An empty state (m = -inf, s = n = 0) is scaled by exactly 0
 // and the other by exactly 1, so merging with an empty state returns the other one bit for bit;
 // two empty states give an empty state (the max is replaced by 0 so no -inf - -inf arises).
