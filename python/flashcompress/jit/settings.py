@@ -28,8 +28,9 @@ __all__ = ["SCHEMA", "Setting", "Settings", "SettingsError", "debug_checks_enabl
 
 ENV_PREFIX = "FLASHCOMPRESS_"
 CONFIG_ENV = "FLASHCOMPRESS_CONFIG"
-# FLASHCOMPRESS_* names that are not settings but are read elsewhere (the test suite's knobs)
-OTHER_ENV = ("FLASHCOMPRESS_PROPERTY_SEEDS", "FLASHCOMPRESS_TEST_DEVICE")
+# FLASHCOMPRESS_* names that are not settings but are read elsewhere: the test suite's knobs and
+# the v41 family's kernel design at import (cuda_ops/v41.py, an A/B switch)
+OTHER_ENV = ("FLASHCOMPRESS_PROPERTY_SEEDS", "FLASHCOMPRESS_TEST_DEVICE", "FLASHCOMPRESS_V41_DESIGN")
 
 
 class SettingsError(ValueError):
