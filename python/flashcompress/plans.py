@@ -73,6 +73,7 @@ def _learn_host_prefill(key: Any, plan: "CompressorPrefillPlan", args: tuple[Any
 
     fn = None
     try:
+        _bind_array_item()
         module = cp._module(128, True) if key == "online" else cp._module(key, False)
         candidate = _fastpath._no_gil(module.prefill_host)
         rows = _rows(candidate(*args))
@@ -83,10 +84,18 @@ def _learn_host_prefill(key: Any, plan: "CompressorPrefillPlan", args: tuple[Any
     HOST_PREFILL[key] = fn
 
 
-try:  # the two rows of the export's Array: one FFI call each (indexing the Array costs two more)
-    from tvm_ffi._ffi_api import ArrayGetItem as _array_item
-except ImportError:  # pragma: no cover  (another tvm-ffi layout)
-    _array_item = None
+# tvm-ffi's ArrayGetItem: the two rows of the export's Array by one FFI call each (indexing the
+# Array costs two more). Bound when an export is first probed: importing the API loads no tvm-ffi.
+_array_item: Callable[[Any, int], Any] | None = None
+
+
+def _bind_array_item() -> None:
+    global _array_item
+    try:
+        from tvm_ffi._ffi_api import ArrayGetItem
+    except ImportError:  # pragma: no cover  (another tvm-ffi layout: Array indexing)
+        return
+    _array_item = ArrayGetItem
 
 
 def _rows(result: Any) -> tuple[torch.Tensor, torch.Tensor]:
