@@ -32,17 +32,13 @@
 #include "v41_launch.h"
 #include "v41_quant.cuh"
 
-#ifndef FC_V41_FAST_C2_MIN_BLOCKS
-#define FC_V41_FAST_C2_MIN_BLOCKS 4
-#endif
-
 namespace flashcompress {
 namespace v41 {
 
 // Fast design: at most 4 warps per block; c2 capped at 128 registers (4 such blocks per SM), which
 // keeps its 16 fp64 exps per lane from taking 200+ registers.
 inline constexpr int kFastMaxThreads = 128;
-inline constexpr int kFastC2MinBlocks = FC_V41_FAST_C2_MIN_BLOCKS;
+inline constexpr int kFastC2MinBlocks = 4;
 
 // Loads that stay where the source puts them (ld.volatile: ptxas neither sinks them past a branch
 // nor reorders them among themselves), so that a row's independent loads leave in one burst.
