@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "compress_decode_c128.cuh"
 #include "compress_epilogue.cuh"
 #include "compress_pool.cuh"
 #include "ptx.cuh"
@@ -61,14 +62,12 @@ gpuError_t launch_decode_closing(const CompressArgs&, gpuStream_t) {
 }
 #else
 
+// The per-slice kernel's tiling (C128Decode: 512 threads, 8 entries per warp, 64-channel slices,
+// 8 merge lanes), plus the plan scan and the row-copy units.
 template <class C>
-struct C128Closing {
-  static constexpr int kThreads = 512;
-  static constexpr int kWarps = kThreads / 32;
-  static constexpr int kPer = C::W / kWarps;  // window entries per warp
-  static constexpr int kSlice = 64;           // channels per block: 32 lanes x 2
-  static constexpr int kSlices = C::H / kSlice;
-  static constexpr int kMergeLanes = 8;       // lanes per channel merging the warps' partials
+struct C128Closing : C128Decode<C> {
+  using Base = C128Decode<C>;
+  using Base::kThreads;
   static constexpr int kChunk = kThreads;     // plan rows scanned per round (one per thread)
   static constexpr int kUnitVecs = 32;        // copy unit: one warp's 32 consecutive 4-value vectors
   static constexpr int kRowVecs = C::kInWidth / 4;
@@ -77,8 +76,6 @@ struct C128Closing {
   // them with every item's window: resident, their fp32 build spills 60 B (about 7 local stores
   // and loads per item) against 12 B once.
   static constexpr bool kResidentBias = !C::kStoreRows;
-  static_assert(C::kChans == kSlice && C::kCSplit == kSlices, "Cfg: 64-channel decode slices");
-  static_assert(kPer == 8 && kThreads == kSlice * kMergeLanes && kWarps == 2 * kMergeLanes, "tiling");
   static_assert(kRowVecs % kUnitVecs == 0 && C::H % 4 == 0, "copy units");
 };
 
