@@ -1,8 +1,13 @@
 """Run one benchmark case's op a few times, for a profiler (Nsight Compute, compute-sanitizer).
 
     python benchmarks/profile_case.py --case prefill-32768 --layer c128-512 --op fused [--calls 3]
-    ncu --clock-control none --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
+    ncu --clock-control none --kernel-name-base demangled -k 'regex:flashcompress::(compress|store)::' \\
+        --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
         python benchmarks/profile_case.py --case decode-B512-bnd --layer c128-512 --op fused
+
+The kernel filter matters: building the case's inputs launches torch's random-number and
+arithmetic kernels and the plan kernels (``flashcompress::plan::``), which ``--launch-skip``
+alone would count and profile instead of the op's kernels.
 
 Same inputs as ``bench_compress.py`` / ``bench_pipeline.py`` (``_common.build_world`` /
 ``build_bundle``, the first input set). ``--op``: ``compress`` (compress_forward),
