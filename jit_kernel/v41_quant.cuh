@@ -84,14 +84,21 @@ FC_QUANT_FN float recip_e4m3(float s) {
   return quant::bits_float(t - ((b & 0x7F800000u) - 0x3F800000u));
 }
 
-FC_QUANT_FN float div_by(float u, float s, float r) {
+// u / s from r = recip_e4m3(s): q0 = u r and q, q0 with one fma correction (u = +-inf makes the
+// correction inf - inf: the callers then keep q0).
+FC_QUANT_FN void quotient(float u, float s, float r, float& q0, float& q) {
 #if defined(__CUDA_ARCH__)
-  const float q0 = __fmul_rn(u, r);
-  const float q = __fmaf_rn(__fmaf_rn(-q0, s, u), r, q0);
+  q0 = __fmul_rn(u, r);
+  q = __fmaf_rn(__fmaf_rn(-q0, s, u), r, q0);
 #else
-  const float q0 = u * r;
-  const float q = std::fmaf(std::fmaf(-q0, s, u), r, q0);
+  q0 = u * r;
+  q = std::fmaf(std::fmaf(-q0, s, u), r, q0);
 #endif
+}
+
+FC_QUANT_FN float div_by(float u, float s, float r) {
+  float q0, q;
+  quotient(u, s, r, q0, q);
   const uint32_t qb = quant::float_bits(q);
   // NaN quotients (u NaN, or u = +-inf: inf - inf in the correction) keep q0 (inf or NaN, as u / s)
   const uint32_t fixed = quant::is_nan_bits(qb) ? quant::float_bits(q0) : qb;
@@ -99,13 +106,8 @@ FC_QUANT_FN float div_by(float u, float s, float r) {
 }
 
 FC_QUANT_FN float fake_quant_grid(float u, float s, float r) {
-#if defined(__CUDA_ARCH__)
-  const float q0 = __fmul_rn(u, r);
-  const float q = __fmaf_rn(__fmaf_rn(-q0, s, u), r, q0);
-#else
-  const float q0 = u * r;
-  const float q = std::fmaf(std::fmaf(-q0, s, u), r, q0);
-#endif
+  float q0, q;
+  quotient(u, s, r, q0, q);
   const float a = fabsf(q);  // NaN for u = +-inf (inf - inf in the correction) or NaN
   const float c = a < 2.0f ? 4194304.0f : (a < 4.0f ? 8388608.0f : 16777216.0f);
 #if defined(__CUDA_ARCH__)
@@ -118,13 +120,8 @@ FC_QUANT_FN float fake_quant_grid(float u, float s, float r) {
 }
 
 FC_QUANT_FN uint32_t fp4_code(float u, float s, float r) {
-#if defined(__CUDA_ARCH__)
-  const float q0 = __fmul_rn(u, r);
-  const float q = __fmaf_rn(__fmaf_rn(-q0, s, u), r, q0);
-#else
-  const float q0 = u * r;
-  const float q = std::fmaf(std::fmaf(-q0, s, u), r, q0);
-#endif
+  float q0, q;
+  quotient(u, s, r, q0, q);
   const float a = fabsf(q);
   const float c = a < 2.0f ? 4194304.0f : (a < 4.0f ? 8388608.0f : 16777216.0f);
 #if defined(__CUDA_ARCH__)
