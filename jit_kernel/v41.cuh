@@ -36,9 +36,10 @@
 //   latent = bf16((x * nf) * w); RoPE re' = fma(re, c, -(im s)), im' = fma(re, s, im c), bf16;
 //   c2 pooling e = fp32(exp(fp64(-|s0 - s1|))), (k0 a0 + k1 a1) / (1 + e) with fma(k0, a0, k1 a1).
 //
-// Every kernel waits on griddepcontrol before its first global read (FC_ENABLE_PDL launches) and
-// lets the next kernel of the stream launch right after that wait (its own wait still waits for
-// this grid to finish). No host synchronisation; graph-capturable.
+// Every kernel waits on griddepcontrol before its first global read (FC_ENABLE_PDL launches), but
+// the c2 prefill write-back, which loads before its wait what the pool pass does not write; each
+// lets the next kernel of the stream launch right after its wait (the next kernel's own wait still
+// waits for this grid to finish). No host synchronisation; graph-capturable.
 #pragma once
 
 #include <cstdint>
@@ -121,21 +122,36 @@ __global__ void __launch_bounds__(kThreads) c2_kernel(const V41Args a) {
 }
 
 // Prefill write-back: warp (b, k) copies row start_b + len_b - 1 - k (k < min(len_b, ring), not
-// padded) to its ring row. Launched after the pool pass, whose ring reads it must not overtake.
+// padded) to its ring row. Launched after the pool pass, whose ring reads it must not overtake:
+// the warp loads the metadata and the row before its wait (the pool pass writes neither, and it
+// lets this grid launch only after its own wait, so what earlier kernels wrote is visible) and
+// stores after it, so only the row's store is left when the pool pass completes.
 template <int kWarpsPerBlock>
 __global__ void __launch_bounds__(kThreads) c2_writeback_kernel(const V41Args a) {
-  pdl_enter<true>();
   const int lane = threadIdx.x & 31;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (item >= a.batch * a.ring_size) return;
-  const int64_t b = item / a.ring_size, k = item % a.ring_size;
-  const int64_t len = a.extend_len[b];
-  if (k >= len) return;
-  const int64_t row = static_cast<int64_t>(a.extend_start[b]) + len - 1 - k;
-  if (row < 0 || row >= a.rows || load_index(a.loc, a.loc_i64, row) == 0) return;
-  const int64_t pos = load_index(a.positions, a.positions_i64, row);
-  copy_pair_row(a.state + ring_row(a.req[row], pos, 0, a.ring_size) * kStateWidth,
-                static_cast<const float*>(a.input) + row * kStateWidth, lane);
+  bool copy = false;
+  int64_t dst = 0;
+  float4 v[8];
+  if (item < a.batch * a.ring_size) {
+    const int64_t b = item / a.ring_size, k = item % a.ring_size;
+    const int64_t len = a.extend_len[b], start = a.extend_start[b];
+    const int64_t row = start + len - 1 - k;
+    if (k < len && row >= 0 && row < a.rows) {
+      const int64_t loc = load_index(a.loc, a.loc_i64, row);
+      const int64_t pos = load_index(a.positions, a.positions_i64, row);
+      const int64_t rid = a.req[row];
+      const float* src = static_cast<const float*>(a.input) + row * kStateWidth;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = *reinterpret_cast<const float4*>(src + 128 * j + 4 * lane);
+      copy = loc != 0;
+      dst = ring_row(rid, pos, 0, a.ring_size) * kStateWidth;
+    }
+  }
+  pdl_enter<true>();  // every ring read of the pool pass precedes these stores
+  if (!copy) return;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) *reinterpret_cast<float4*>(a.state + dst + 128 * j + 4 * lane) = v[j];
 }
 
 // ------------------------------------------------------------------ index keys (128 dims, 16 lanes)

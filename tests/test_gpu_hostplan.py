@@ -316,6 +316,7 @@ def test_runs_on_the_current_stream(world, world_dev) -> None:
     num_q = int(ext.sum())
     want_c, want_w = tp.prefill_plan(4, rids, seq, ext, world.req_to_token, world.full_to_state, 256, 16, num_q,
                                      False, False)
+    rids = rids.to(DEV)  # before the side stream: a pageable H2D copy there would wait for the sleep
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
