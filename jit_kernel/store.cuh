@@ -80,8 +80,10 @@
 #include "quant.cuh"
 #include "store_args.h"
 #include "store_launch.h"
-#include "v41_quant.cuh"
 #include "vec.cuh"
+#if !FC_GPU_HIP  // the V4.1 layouts are CUDA-only (as the v41 family): HIP store builds stay as they were
+#include "v41_quant.cuh"
+#endif
 
 #if defined(FC_STORE_HOST_EMULATION)
 #define FC_STORE_FN __host__ __device__ __forceinline__
@@ -259,6 +261,10 @@ FC_STORE_UNROLL
 // lane of the warp must call it (the scale reductions shuffle within groups of 8 / 4 lanes).
 template <StoreFormat kFmt>
 FC_STORE_FN void encode_v41_block(const float (&y)[4], int j, int lane, const Entry& e) {
+#if FC_GPU_HIP
+  static_assert(kFmt == StoreFormat::kNone, "the V4.1 store layouts have no HIP build (CUDA only)");
+  (void)y, (void)j, (void)lane, (void)e;
+#else
   if constexpr (kFmt == StoreFormat::kV41 || kFmt == StoreFormat::kV41New) {
     // tile 4j + lane / 8: 32 dims, 8 lanes; e4m3 of y * 2^(127 - e) without a clip (|value| <= 448
     // by the exponent; a NaN stays NaN, 0x7F, as the reference)
@@ -282,6 +288,7 @@ FC_STORE_UNROLL
     (void)lane;
     store_u32(e.data + 128 * j + 4 * lane, quant::pack_fp8x4(y[0], y[1], y[2], y[3]));
   }
+#endif
 }
 
 // ------------------------------------------------------------------ transforms

@@ -37,9 +37,9 @@ Online C128 prefill uses the CompressPlan layout for both of its lists, with
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, NamedTuple
+from typing import Final
 
-from .v41.layouts import LATENT_DIM, KVLayout
+from .v41.layouts import LATENT_DIM, KVLayout, RowAddressing
 
 # --------------------------------------------------------------------------
 # Plan rows
@@ -174,17 +174,6 @@ def mtp_write_pad(ratio: int, ring_size: int) -> int:
 # --------------------------------------------------------------------------
 
 
-class Addressing(NamedTuple):
-    """Byte offsets of slot ``loc`` in a cache of ``page_bytes``-byte pages (``page = loc // P``,
-    ``s = loc % P``): data at ``page * page_bytes + s * data_stride``, scales at
-    ``page * page_bytes + scale_base + s * scale_stride``."""
-
-    page_bytes: int
-    data_stride: int
-    scale_base: int
-    scale_stride: int
-
-
 @dataclass(frozen=True)
 class CacheFormat:
     """One paged cache entry format.
@@ -216,13 +205,16 @@ class CacheFormat:
         """Bytes of one row of the ``kvcache`` tensor: a page, or for bf16 rows ``page_size`` rows."""
         return self.data_bytes * page_size if self.scale_bytes == 0 else self.page_bytes(page_size)
 
-    def addressing(self, page_size: int) -> Addressing:
-        """Where slot ``loc``'s data and scale bytes live in a cache of ``page_size``-token pages."""
+    def addressing(self, page_size: int) -> RowAddressing:
+        """Where slot ``loc``'s data and scale bytes live in a cache of ``page_size``-token pages
+        (``v41.layouts.RowAddressing``: data at ``page * page_bytes + s * data_stride``, scales at
+        ``page * page_bytes + scale_base + s * scale_stride``)."""
         if self.interleaved:
             stride = self.bytes_per_token
-            return Addressing(self.page_bytes(page_size), stride, self.data_bytes, stride)
-        return Addressing(self.cache_row_bytes(page_size), self.data_bytes, page_size * self.data_bytes,
-                          self.scale_bytes)
+            return RowAddressing(self.page_bytes(page_size), self.data_bytes, stride, self.scale_bytes,
+                                 self.data_bytes, stride)
+        return RowAddressing(self.cache_row_bytes(page_size), self.data_bytes, self.data_bytes, self.scale_bytes,
+                             page_size * self.data_bytes, self.scale_bytes)
 
 
 def kv_layout_format(layout: KVLayout) -> CacheFormat:

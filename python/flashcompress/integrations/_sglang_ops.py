@@ -15,8 +15,8 @@ except that SGLang's ``compress_norm_rope_store`` takes a few more keywords:
 does not implement with ``UnsupportedFeatureError`` before anything is written,
 and passes the rest on (a layout flashcompress does not know, or a V4.1 layout with
 ``use_fp4`` / ``bf16_store`` or a cache of another size, raises flashcompress's
-``ValueError`` before anything is written).  The plan classes and ``compress_forward`` are bound as
-flashcompress's own objects.
+``ValueError`` before anything is written).  The plan classes and ``compress_forward``
+are bound as flashcompress's own objects.
 
 Fused mode joins the two op calls of SGLang's ``_forward_compress_all_in_one``
 into one ``compress_and_store`` while SGLang's method runs unchanged: inside
@@ -130,9 +130,10 @@ def compress_norm_rope_store(
 ) -> None:
     """SGLang 0.5.23's ``compress_norm_rope_store`` signature on ``flashcompress.compress_norm_rope_store``.
 
-    ``layout`` is passed on (its ``.value`` for SGLang's ``KVLayout``).  Keywords
-    flashcompress does not implement raise ``UnsupportedFeatureError`` (module docstring).  Receiving the placeholder of a deferred
-    ``compress_forward`` runs both steps as ``flashcompress.compress_and_store``.
+    ``layout`` is passed on (its ``.value`` for SGLang's ``KVLayout``).  Keywords flashcompress
+    does not implement raise ``UnsupportedFeatureError`` (module docstring).  Receiving the
+    placeholder of a deferred ``compress_forward`` runs both steps as
+    ``flashcompress.compress_and_store``.
     """
     check_sglang_store_keywords(kvcache_scale, rope_cache, fp4_k_write_metadata, fp8_2buff, kvcache_rope)
     store = dict(norm_weight=norm_weight, norm_eps=norm_eps, freq_cis=freq_cis, out_loc=out_loc,
