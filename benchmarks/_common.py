@@ -152,6 +152,7 @@ class Store:
     page_size: int
     use_fp4: bool = False
     bf16_store: bool = False
+    layout: str = "v4"  # the main-KV layout= (a KVLayout value; fmt = layouts.MAIN_FORMATS of it)
 
 
 STORE_V4_C4 = Store("v4@64", L.MAIN_V4, 64)

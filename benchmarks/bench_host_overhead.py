@@ -284,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     what = f"(decode, {layer.name} {store.name}, B={args.batch})"
     if args.mode in ("stub", "all"):
         iters = args.iters or (2000 if cuda else 200)
-        tail = (b.norm_weight, NORM_EPS, b.freq_cis, s.out_loc, cache, store.page_size, store.use_fp4, store.bf16_store)
+        tail = (b.norm_weight, NORM_EPS, b.freq_cis, s.out_loc, cache, store.page_size, store.use_fp4, store.bf16_store,
+                "v4")
         checks = [
             ("compress_forward", lambda: V.check_compress(b.state, s.inp, b.ape, s.plan, h, r, s.out, online)),
             ("compress_norm_rope_store", lambda: V.check_store(s.kv, s.plan, tail)),

@@ -1,12 +1,17 @@
 """compress_norm_rope_store benchmark: RMSNorm + RoPE (+ Hadamard) + quantised paged store.
 
     python benchmarks/bench_store.py [--short] [--cases decode-B512,fp8] [--md PATH] [--device cuda|cpu] [--peer]
+    FC_BENCH_STORE_LAYOUTS=v41,v41_fp4 python benchmarks/bench_store.py ...   # + rows of those layouts
 
 Same cases, inputs and timing as ``bench_compress.py`` (see ``benchmarks/_common.py``);
 the store reads random-normal fp32 rows (one per plan row) through the plans of each
 case.  Stores: V4 main KV (584-byte entries) at page 64 for C4 head 512 (``v4@64``) and
 at page 2 for C128 (``v4@2``); indexer FP8 (132 B) and FP4 (68 B) at page 64 for C4
 head 128.  Online C128 plans store exactly like C128 ones and are not repeated here.
+``FC_BENCH_STORE_LAYOUTS`` (comma-separated ``KVLayout`` values, default none: the tables
+above only) adds the main-KV stores in those V4.1 layouts (``layout=``), ``<layout>@64`` for
+C4 and ``<layout>@2`` for C128, with their entry sizes (528 / 288 / 512 B) in the byte model;
+``--peer`` times the peer on the V4 rows only (SGLang's V4.1 stores need an SM100 build).
 
 Byte model ("min MB"): 16 B per plan row read (decode: every request's row, to see
 whether it closes a window); per stored row (a window closing: decode
@@ -27,12 +32,15 @@ as in ``bench_compress.py --peer``.
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 
 import _common as C
 from flashcompress import compress_norm_rope_store
+from flashcompress.layouts import MAIN_FORMATS
+from flashcompress.v41.layouts import KVLayout
 
 # (label, layer, store)
 KINDS = (
@@ -41,6 +49,22 @@ KINDS = (
     ("c4-128 fp4@64", "c4-128", C.STORE_IDX_FP4),
     ("c128-512 v4@2", "c128-512", C.STORE_V4_C128),
 )
+
+
+def layout_kinds(spec: str) -> tuple[tuple[str, str, C.Store], ...]:
+    """The main-KV rows of the layouts named in ``spec`` (``FC_BENCH_STORE_LAYOUTS``: comma-separated
+    ``KVLayout`` values), C4 at page 64 then C128 at page 2 per layout."""
+    out = []
+    for name in filter(None, (p.strip() for p in spec.split(","))):
+        layout = KVLayout.parse(name)
+        fmt = MAIN_FORMATS[layout]
+        for lname, page in (("c4-512", 64), ("c128-512", 2)):
+            store = C.Store(f"{layout.value}@{page}", fmt, page, layout=layout.value)
+            out.append((f"{lname} {store.name}", lname, store))
+    return tuple(out)
+
+
+KINDS += layout_kinds(os.environ.get("FC_BENCH_STORE_LAYOUTS", ""))
 NORM_EPS = 1e-6
 
 T = C.Target
@@ -85,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                 (lambda s=s: compress_norm_rope_store(
                     s.kv, s.plan, norm_weight=b.norm_weight, norm_eps=NORM_EPS, freq_cis=b.freq_cis,
                     out_loc=s.out_loc, kvcache=cache, page_size=store.page_size, use_fp4=store.use_fp4,
-                    bf16_store=store.bf16_store))
+                    bf16_store=store.bf16_store, layout=store.layout))
                 for s in b.sets
             ]
             nbytes = C.mean_bytes([C.store_total(layer, store, C.compress_bytes(layer, s, spec.is_decode))
@@ -95,10 +119,12 @@ def main(argv: list[str] | None = None) -> int:
                 fc = C.measure_all(timer, calls)
                 if fc.err:
                     notes.append(f"{spec.name} {label}: {fc.err}")
-                pe, pcalls = side.time(timer, lambda: [
-                    side.peer.store_call(s.kv, s.plan[1], spec.is_decode, layer.ratio, b.norm_weight, NORM_EPS,
-                                         b.freq_cis, s.out_loc, cache, store.page_size, store.use_fp4,
-                                         store.bf16_store) for s in b.sets], f"{spec.name} {label}")
+                pe, pcalls = None, []
+                if store.layout == "v4":  # the peer's V4.1 stores are not built for this GPU
+                    pe, pcalls = side.time(timer, lambda: [
+                        side.peer.store_call(s.kv, s.plan[1], spec.is_decode, layer.ratio, b.norm_weight, NORM_EPS,
+                                             b.freq_cis, s.out_loc, cache, store.page_size, store.use_fp4,
+                                             store.bf16_store) for s in b.sets], f"{spec.name} {label}")
                 delta = C.peer_delta(calls[0], pcalls[0], [cache]) if pcalls else "-"
                 row = C.peer_result_row(timer, spec.name, label, fc, pe, nbytes, target, delta=delta)
             else:

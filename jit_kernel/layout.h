@@ -13,6 +13,12 @@
 //   idx_fp8   128       128   4      1           132 P
 //   idx_fp4   128       64    4      1           68 P
 //   bf16      512       1024  0      1           1024 P  (P dense rows of 1024 B)
+// The V4.1 main-KV layouts (KVLayout, python/flashcompress/v41/layouts.py; the store's layout=):
+//   v41          512       512   16     512         ceil(528 P / 512) * 512
+//   v41_fp4      512       256   32     256         ceil(288 P / 256) * 256
+//   uniform_fp8  512       512   0      512         512 P
+//   v41_new      512       512   16     528         528 P  (interleaved: a token's scales follow
+//   v41_fp4_new  512       256   32     288         288 P   its data, no page-level scale region)
 //
 // Layer kinds (spec compressor.md §1.7): (ratio, head dim H, online) -> tensor widths
 //   input row  [kv | score]: 4H for C4 (doubled by the overlap), 2H for C128
@@ -59,8 +65,12 @@ namespace flashcompress {
 // Cache formats
 // ------------------------------------------------------------------------------------------
 
-// The cache a row is stored into. kNone: no store (compress_forward's plain output).
-enum class StoreFormat : int { kNone = 0, kV4 = 1, kIndexFp8 = 2, kIndexFp4 = 3, kBf16 = 4 };
+// The cache a row is stored into. kNone: no store (compress_forward's plain output). kV41 ..
+// kV41Fp4New: the V4.1 layouts (written by the store family only).
+enum class StoreFormat : int {
+  kNone = 0, kV4 = 1, kIndexFp8 = 2, kIndexFp4 = 3, kBf16 = 4,
+  kV41 = 5, kV41Fp4 = 6, kUniformFp8 = 7, kV41New = 8, kV41Fp4New = 9
+};
 
 struct CacheFormatBytes {
   const char* name;  // layouts.CacheFormat.name
@@ -68,6 +78,7 @@ struct CacheFormatBytes {
   int64_t data_bytes;   // per token, in the page's data region
   int64_t scale_bytes;  // per token, in the page's scale region after the data
   int64_t page_align;   // a page is padded to a multiple of this
+  bool interleaved = false;  // a token's scales right after its data (page_align = bytes per token)
 };
 
 FC_HOST_DEVICE constexpr CacheFormatBytes cache_format(StoreFormat fmt) {
@@ -76,13 +87,28 @@ FC_HOST_DEVICE constexpr CacheFormatBytes cache_format(StoreFormat fmt) {
     case StoreFormat::kIndexFp8: return {"idx_fp8", 128, 128, 4, 1};
     case StoreFormat::kIndexFp4: return {"idx_fp4", 128, 64, 4, 1};
     case StoreFormat::kBf16: return {"bf16", 512, 1024, 0, 1};
+    case StoreFormat::kV41: return {"v41", 512, 512, 16, 512};
+    case StoreFormat::kV41Fp4: return {"v41_fp4", 512, 256, 32, 256};
+    case StoreFormat::kUniformFp8: return {"uniform_fp8", 512, 512, 0, 512};
+    case StoreFormat::kV41New: return {"v41_new", 512, 512, 16, 528, true};
+    case StoreFormat::kV41Fp4New: return {"v41_fp4_new", 512, 256, 32, 288, true};
     default: return {"none", 0, 0, 0, 1};
   }
 }
 
 // The formats a store writes, in layouts.CACHE_FORMATS order.
-inline constexpr StoreFormat kCacheFormats[] = {StoreFormat::kV4, StoreFormat::kIndexFp8, StoreFormat::kIndexFp4,
-                                                StoreFormat::kBf16};
+inline constexpr StoreFormat kCacheFormats[] = {StoreFormat::kV4,         StoreFormat::kIndexFp8,
+                                                StoreFormat::kIndexFp4,   StoreFormat::kBf16,
+                                                StoreFormat::kV41,        StoreFormat::kV41Fp4,
+                                                StoreFormat::kUniformFp8, StoreFormat::kV41New,
+                                                StoreFormat::kV41Fp4New};
+
+// The V4.1 layouts (KVLayout values other than v4): quantise the fp32 row without the V4 bf16
+// round trip; bf16 rows are rounded to bf16 around the RoPE (the peer's rounding to the row dtype).
+FC_HOST_DEVICE constexpr bool is_v41_layout(StoreFormat fmt) {
+  return fmt == StoreFormat::kV41 || fmt == StoreFormat::kV41Fp4 || fmt == StoreFormat::kUniformFp8 ||
+         fmt == StoreFormat::kV41New || fmt == StoreFormat::kV41Fp4New;
+}
 
 // Bytes of one page of page_size tokens: one row of the kvcache tensor.
 FC_HOST_DEVICE constexpr int64_t cache_page_bytes(StoreFormat fmt, int64_t page_size) {
@@ -97,6 +123,11 @@ static_assert(cache_page_bytes(StoreFormat::kV4, 64) == 37440 && cache_page_byte
 static_assert(cache_page_bytes(StoreFormat::kIndexFp8, 64) == 8448 &&
                   cache_page_bytes(StoreFormat::kIndexFp4, 64) == 4352,
               "indexer pages: 132 P and 68 P (spec §6.4)");
+static_assert(cache_page_bytes(StoreFormat::kV41, 64) == 33792 && cache_page_bytes(StoreFormat::kV41Fp4, 2) == 768 &&
+                  cache_page_bytes(StoreFormat::kV41New, 2) == 1056 &&
+                  cache_page_bytes(StoreFormat::kV41Fp4New, 64) == 18432 &&
+                  cache_page_bytes(StoreFormat::kUniformFp8, 2) == 1024,
+              "V4.1 pages (spec v41.md §7.2)");
 
 // ------------------------------------------------------------------------------------------
 // Layer kinds

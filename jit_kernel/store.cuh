@@ -31,9 +31,18 @@
 //     kIndexFp4  H 128: 64 bytes of e2m1 threshold-code pairs (4 groups of 32, ue8m0 scale of
 //                max(amax, 1e-4)/6, even dim in the low nibble) | 4 ue8m0 bytes
 //     kBf16      H 512: 512 bf16 (row loc of 1024-byte rows)
+//   the V4.1 layouts (layout.h is_v41_layout; spec store-and-jit.md §5.3-5.5), from y itself (no
+//   bf16 round trip; bf16 rows: y rounded to bf16 before the RoPE and the rotated dims after it):
+//     kV41 / kV41New          H 512: 512 e4m3 (16 tiles of 32 = 8 lanes, exponent
+//                             v41_tile_exponent(amax), no clip) | 16 ue8m0 bytes
+//     kV41Fp4 / kV41Fp4New    H 512: 256 bytes of RNE e2m1 pairs (32 tiles of 16 = 4 lanes, scale
+//                             S = e4m3(clamp(amax / 6, 2^-9, 448)), codes of y / S) | 32 e4m3 bytes
+//     kUniformFp8             H 512: 512 e4m3 of clip448(y), no scales
+//     *New: interleaved, a token's scales right after its data at page*page_bytes + slot*bytes/token
 //   Lane stores: V4 4 B codes per 128-dim block (lanes 16..31 of the last block: 8 B of rope),
 //   scales by the lanes (16*h + j) that own tile 2j+h; idx fp8 4 B + lane 0 the scale; idx fp4
-//   2 B + lanes 0, 8, 16, 24 one scale byte each; bf16 8 B per block.
+//   2 B + lanes 0, 8, 16, 24 one scale byte each; bf16 8 B per block; v41 / uniform 4 B per block
+//   (v41: lanes 0, 8, 16, 24 one exponent byte each); v41 fp4 2 B per block + lanes 4k one scale byte.
 //
 // store_slice<kHeadDim, kFmt, kSliceDims>(y, ops, lane, dim0, ss, loc, args)   -- one slice of a row
 //   For rows pooled by several blocks (the compress kernel's C128 cluster): a warp holds dims
@@ -72,6 +81,9 @@
 #include "store_args.h"
 #include "store_launch.h"
 #include "vec.cuh"
+#if !FC_GPU_HIP  // the V4.1 layouts are CUDA-only (as the v41 family): HIP store builds stay as they were
+#include "v41_quant.cuh"
+#endif
 
 #if defined(FC_STORE_HOST_EMULATION)
 #define FC_STORE_FN __host__ __device__ __forceinline__
@@ -114,6 +126,7 @@ struct FormatTraits {
   static constexpr int kHeadDim = static_cast<int>(cache_format(kFmt).head_dim);
   static constexpr int kDataBytes = static_cast<int>(cache_format(kFmt).data_bytes);
   static constexpr int kScaleBytes = static_cast<int>(cache_format(kFmt).scale_bytes);
+  static constexpr bool kInterleaved = cache_format(kFmt).interleaved;
 };
 
 namespace detail {
@@ -189,8 +202,13 @@ FC_STORE_FN Entry entry_at(const StoreArgs& args, int64_t loc) {
   const int64_t page = loc >> args.page_shift;
   const int64_t slot = loc & ((int64_t{1} << args.page_shift) - 1);
   uint8_t* base = args.cache + page * args.page_bytes;
-  return {base + slot * T::kDataBytes,
-          base + (int64_t{T::kDataBytes} << args.page_shift) + slot * T::kScaleBytes};
+  if constexpr (T::kInterleaved) {
+    uint8_t* data = base + slot * (T::kDataBytes + T::kScaleBytes);
+    return {data, data + T::kDataBytes};
+  } else {
+    return {base + slot * T::kDataBytes,
+            base + (int64_t{T::kDataBytes} << args.page_shift) + slot * T::kScaleBytes};
+  }
 }
 
 // ------------------------------------------------------------------ encoders (one 128-dim block)
@@ -237,6 +255,40 @@ FC_STORE_UNROLL
   for (int i = 0; i < 4; ++i) c[i] = quant::e2m1_threshold(h[i] * inv);
   store_u16(e.data + 2 * lane, c[0] | (c[1] << 4) | (c[2] << 8) | (c[3] << 12));
   if ((lane & 7) == 0) e.scales[lane >> 3] = static_cast<uint8_t>(exp);
+}
+
+// The V4.1 layouts' block j (dims 128j .. 128j+127, this lane's 4 dims 128j + 4 lane + i). Every
+// lane of the warp must call it (the scale reductions shuffle within groups of 8 / 4 lanes).
+template <StoreFormat kFmt>
+FC_STORE_FN void encode_v41_block(const float (&y)[4], int j, int lane, const Entry& e) {
+#if FC_GPU_HIP
+  static_assert(kFmt == StoreFormat::kNone, "the V4.1 store layouts have no HIP build (CUDA only)");
+  (void)y, (void)j, (void)lane, (void)e;
+#else
+  if constexpr (kFmt == StoreFormat::kV41 || kFmt == StoreFormat::kV41New) {
+    // tile 4j + lane / 8: 32 dims, 8 lanes; e4m3 of y * 2^(127 - e) without a clip (|value| <= 448
+    // by the exponent; a NaN stays NaN, 0x7F, as the reference)
+    const uint32_t ue = v41q::v41_tile_exponent(lanes_max<8>(abs_max4(y)));
+    const float inv = quant::inv_ue8m0(ue);
+    store_u32(e.data + 128 * j + 4 * lane, quant::e4m3_code(y[0] * inv) | (quant::e4m3_code(y[1] * inv) << 8) |
+                                               (quant::e4m3_code(y[2] * inv) << 16) |
+                                               (quant::e4m3_code(y[3] * inv) << 24));
+    if ((lane & 7) == 0) e.scales[4 * j + (lane >> 3)] = static_cast<uint8_t>(ue);
+  } else if constexpr (kFmt == StoreFormat::kV41Fp4 || kFmt == StoreFormat::kV41Fp4New) {
+    // tile 8j + lane / 4: 16 dims, 4 lanes; codes of the IEEE quotient by the rounded scale
+    const uint32_t code = v41q::fp4_scale_code(quant::div_rn(lanes_max<4>(abs_max4(y)), quant::kE2m1Max));
+    const float scale = v41q::e4m3_value(code);
+    uint32_t c[4];
+FC_STORE_UNROLL
+    for (int i = 0; i < 4; ++i) c[i] = v41q::e2m1_rne(quant::div_rn(y[i], scale));
+    store_u16(e.data + 64 * j + 2 * lane, c[0] | (c[1] << 4) | (c[2] << 8) | (c[3] << 12));
+    if ((lane & 3) == 0) e.scales[8 * j + (lane >> 2)] = static_cast<uint8_t>(code);
+  } else {
+    static_assert(kFmt == StoreFormat::kUniformFp8, "a V4.1 layout");
+    (void)lane;
+    store_u32(e.data + 128 * j + 4 * lane, quant::pack_fp8x4(y[0], y[1], y[2], y[3]));
+  }
+#endif
 }
 
 // ------------------------------------------------------------------ transforms
@@ -314,10 +366,16 @@ FC_STORE_FN float norm_factor(double ss, float eps) {
 }
 
 // y = (x * nf) * w, then on a RoPE lane the interleaved rotation of pairs (0, 1) and (2, 3):
-// lane 16 + m holds RoPE pairs 2m and 2m + 1.
+// lane 16 + m holds RoPE pairs 2m and 2m + 1. kRound (the V4.1 layouts of bf16 rows): y rounded
+// to bf16 before the rotation and the rotated values again after it.
+template <bool kRound = false>
 FC_STORE_FN void norm_rope_block(float (&y)[4], float nf, const BlockOperands& o) {
 FC_STORE_UNROLL
   for (int i = 0; i < 4; ++i) y[i] = (y[i] * nf) * o.w[i];
+  if constexpr (kRound) {
+FC_STORE_UNROLL
+    for (int i = 0; i < 4; ++i) y[i] = quant::bf16_round(y[i]);
+  }
   if (o.rope) {
 FC_STORE_UNROLL
     for (int q = 0; q < 2; ++q) {
@@ -325,6 +383,10 @@ FC_STORE_UNROLL
       const float c = o.cs.v[2 * q], s = o.cs.v[2 * q + 1];
       y[2 * q] = fmaf(re, c, -(im * s));
       y[2 * q + 1] = fmaf(re, s, im * c);
+    }
+    if constexpr (kRound) {
+FC_STORE_UNROLL
+      for (int i = 0; i < 4; ++i) y[i] = quant::bf16_round(y[i]);
     }
   }
 }
@@ -358,15 +420,20 @@ FC_STORE_UNROLL
 
 // Norm, RoPE and encode of `kBpw` consecutive 128-dim blocks j0 .. j0 + kBpw - 1 of a row whose
 // fp64 sum of squares is `ss` (a warp's share of the row; the indexer formats: the whole row).
-template <int kHeadDim, StoreFormat kFmt, int kBpw>
+// kRound: the bf16 rounding around the RoPE of the V4.1 layouts' bf16 rows (kRoundsRows).
+template <int kHeadDim, StoreFormat kFmt, int kBpw, bool kRound = false>
 FC_STORE_FN void store_blocks(float (&blk)[kBpw][4], const detail::BlockOperands (&ops)[kBpw], int j0, int lane,
                               double ss, int64_t loc, const StoreArgs& args) {
   detail::check_format<kHeadDim, kFmt>();
+  static_assert(!kRound || is_v41_layout(kFmt), "only the V4.1 layouts round rows to bf16 around the RoPE");
   const float nf = detail::norm_factor<kHeadDim>(ss, args.norm_eps);
 FC_STORE_UNROLL
-  for (int b = 0; b < kBpw; ++b) detail::norm_rope_block(blk[b], nf, ops[b]);
+  for (int b = 0; b < kBpw; ++b) detail::norm_rope_block<kRound>(blk[b], nf, ops[b]);
   const detail::Entry entry = detail::entry_at<kFmt>(args, loc);
-  if constexpr (kFmt == StoreFormat::kV4 || kFmt == StoreFormat::kBf16) {
+  if constexpr (is_v41_layout(kFmt)) {
+FC_STORE_UNROLL
+    for (int b = 0; b < kBpw; ++b) detail::encode_v41_block<kFmt>(blk[b], j0 + b, lane, entry);
+  } else if constexpr (kFmt == StoreFormat::kV4 || kFmt == StoreFormat::kBf16) {
 FC_STORE_UNROLL
     for (int b = 0; b < kBpw; ++b) {
       if constexpr (kFmt == StoreFormat::kV4) {
@@ -569,11 +636,16 @@ FC_STORE_UNROLL
   return true;
 }
 
+// Whether the standalone store rounds rows of dtype kIn to bf16 around the RoPE: the V4.1
+// layouts' bf16 rows (the peer rounds to the row dtype there; fp32 rows: a no-op, not done).
+template <StoreFormat kFmt, RowDtype kIn>
+inline constexpr bool kRoundsRows = is_v41_layout(kFmt) && kIn == RowDtype::kBF16;
+
 // Warp w stores its blocks of the row whose sum of squares (all blocks, block order) is `ss`.
-template <int kHeadDim, StoreFormat kFmt, int kRowWarps>
+template <int kHeadDim, StoreFormat kFmt, int kRowWarps, bool kRound = false>
 FC_STORE_FN void finish_row(RowShare<kHeadDim, kRowWarps>& s, double ss, int w, int lane, const StoreArgs& args) {
   using S = RowShare<kHeadDim, kRowWarps>;
-  store_blocks<kHeadDim, kFmt, S::kBpw>(s.v, s.ops, S::kBpw * w, lane, ss, s.d.loc, args);
+  store_blocks<kHeadDim, kFmt, S::kBpw, kRound>(s.v, s.ops, S::kBpw * w, lane, ss, s.d.loc, args);
 }
 
 // Warps per row: head-512 rows of launches of at most kWideRowsMax rows (decode) spread over 4
@@ -603,7 +675,9 @@ FC_STORE_UNROLL
     for (int b = 0; b < RowShare<kHeadDim, kRowWarps>::kBpw; ++b) ss += s[w].part[b];
   }
 FC_STORE_UNROLL
-  for (int w = 0; w < kRowWarps; ++w) finish_row<kHeadDim, kFmt, kRowWarps>(s[w], ss, w, lane, args.store);
+  for (int w = 0; w < kRowWarps; ++w) {
+    finish_row<kHeadDim, kFmt, kRowWarps, kRoundsRows<kFmt, kIn>>(s[w], ss, w, lane, args.store);
+  }
 }
 
 // ------------------------------------------------------------------ kernels and launchers
@@ -654,7 +728,7 @@ FC_STORE_UNROLL
 FC_STORE_UNROLL
     for (int r = 0; r < S::kBlocks; ++r) ss += part[r];
   }
-  finish_row<kHeadDim, kFmt, kRowWarps>(s, ss, w, lane, args.store);
+  finish_row<kHeadDim, kFmt, kRowWarps, kRoundsRows<kFmt, kIn>>(s, ss, w, lane, args.store);
   pdl_leave<true>();
 }
 

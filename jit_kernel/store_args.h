@@ -15,7 +15,9 @@
 //
 // A row with position p and destination slot loc is written at page = loc >> page_shift,
 // slot = loc & (page_size - 1): data bytes at page * page_bytes + slot * data_bytes, scale bytes
-// at page * page_bytes + page_size * data_bytes + slot * scale_bytes (layout.h).
+// at page * page_bytes + page_size * data_bytes + slot * scale_bytes (layout.h); the interleaved
+// V4.1 layouts (v41_new, v41_fp4_new): data at page * page_bytes + slot * bytes_per_token, the
+// scales right after it.
 #pragma once
 
 #include <cstdint>

@@ -22,6 +22,8 @@
 //   recip_e4m3(s)    rn(1 / s) of a positive e4m3 value s (2^-9 <= s <= 448), exactly: s = M 2^E
 //                    with M = 1 + k / 8, so 1 / s = rn(8 / (8 + k)) 2^-E (a table of 8 rounded
 //                    mantissas; the power-of-two scaling is exact in this range)
+//   v41_tile_exponent(amax)  ue8m0 exponent of a V41 fp8 tile from its amax (bit arithmetic)
+//   fp4_scale_code(raw)      e4m3 code of a per-16 fp4 scale, clamped to [2^-9, 448]
 //   div_by(u, s, r)  rn(u / s) for r = recip_e4m3(s), without a division: q0 = u r, then one FMA
 //                    correction (Markstein); the sign of a zero quotient is u's. For every bf16
 //                    u (all 65536 patterns: zeros, subnormals, inf, NaN) and every e4m3 s in
@@ -135,6 +137,21 @@ FC_QUANT_FN uint32_t fp4_code(float u, float s, float r) {
   const uint32_t mag = mb >= 0x3F800000u ? (mb >> 22) - 252u : (mb != 0u ? 1u : 0u);
   const uint32_t ub = quant::float_bits(u);
   return quant::is_nan_bits(ub) ? 0x7u : (mag | ((ub >> 28) & 0x8u));  // the quotient's sign is u's
+}
+
+// ue8m0 exponent of a V41 fp8 tile (32 values) whose max |value| is amax >= 0, from its bits:
+// biased_exp(amax) - 8 + [mantissa(amax) > 0x600000], at least 114 -- exactly
+// ue8m0_ceil(max(amax / 448, 1e-4)) (448 = 1.75 * 2^8; 2^-13 = ceil_pow2(1e-4)). spec v41.md §7.3.
+FC_QUANT_FN uint32_t v41_tile_exponent(float amax) {
+  const uint32_t bits = quant::float_bits(amax);
+  const int32_t e = static_cast<int32_t>(bits >> 23) - 8 + ((bits & 0x7FFFFFu) > 0x600000u ? 1 : 0);
+  return static_cast<uint32_t>(e < 114 ? 114 : e);
+}
+
+// e4m3 code of a per-16 fp4 scale: e4m3_RNE(clamp(raw, 2^-9, 448)) (always positive, finite;
+// a NaN raw clamps to 2^-9). spec v41.md §7.3.
+FC_QUANT_FN uint32_t fp4_scale_code(float raw) {
+  return quant::e4m3_code(fminf(fmaxf(raw, 0.001953125f), quant::kE4m3Max));
 }
 
 }  // namespace v41q

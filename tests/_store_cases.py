@@ -22,7 +22,7 @@ from flashcompress.torch_backend.rows import store_targets
 from flashcompress.validation import StoreCall, StoreTail
 
 POISON = 0xA5
-FORMATS = {f.name: f for f in (L.MAIN_V4, L.INDEXER_FP8, L.INDEXER_FP4, L.BF16_ROWS)}
+FORMATS = dict(L.CACHE_FORMATS)  # the V4 formats, then the V4.1 layouts (layout=)
 
 
 @dataclass
@@ -108,7 +108,7 @@ def make_case(fmt_name: str, dtype: torch.dtype, is_decode: bool, *, rows: int =
     pages = n_loc // page_size + 3
     capacity = pages * page_size
     out_loc = torch.randperm(capacity, generator=gen)[:n_loc].to(torch.int64)
-    row_bytes = fmt.page_bytes(page_size) if fmt.scale_bytes else fmt.data_bytes * page_size
+    row_bytes = fmt.cache_row_bytes(page_size)
     cache = torch.full((pages, row_bytes), POISON, dtype=torch.uint8)
     weight = (1.0 + 0.3 * torch.randn(fmt.head_dim, generator=gen)).to(torch.float32)
     return StoreCase(fmt, is_decode, ratio, page_size, kv, plan, out_loc, weight, 1e-6, _freq_table(max_seq, gen),
@@ -169,13 +169,15 @@ def compare_store(got: torch.Tensor, want: torch.Tensor, before: torch.Tensor, c
     stored = valid.nonzero().flatten().tolist()
     written = torch.zeros_like(got, dtype=torch.bool)
     page_bytes = got.numel() // case.cache.shape[0]
+    addr = fmt.addressing(P)
+    assert addr.page_bytes == page_bytes
     shift = P.bit_length() - 1
     scale_written = 7 if fmt.name == "v4" else fmt.scale_bytes
     for r in stored:
         loc = int(dest[r])
         base = (loc >> shift) * page_bytes
-        d0 = base + (loc & (P - 1)) * fmt.data_bytes
-        s0 = base + P * fmt.data_bytes + (loc & (P - 1)) * fmt.scale_bytes
+        d0 = base + (loc & (P - 1)) * addr.data_stride
+        s0 = base + addr.scale_base + (loc & (P - 1)) * addr.scale_stride
         written[d0:d0 + fmt.data_bytes] = True
         written[s0:s0 + scale_written] = True
         gd, wd = got[d0:d0 + fmt.data_bytes], want[d0:d0 + fmt.data_bytes]
@@ -191,9 +193,9 @@ def compare_store(got: torch.Tensor, want: torch.Tensor, before: torch.Tensor, c
             codes_g, codes_w, sign = gd[:448], wd[:448], 0x80
             if not torch.equal(gd[448:], wd[448:]):
                 res.fail(f"row {r} (loc {loc}): rope bf16 bytes differ")
-        elif fmt.name == "idx_fp8":
+        elif fmt.name in ("idx_fp8", "v41", "v41_new", "uniform_fp8"):
             codes_g, codes_w, sign = gd, wd, 0x80
-        elif fmt.name == "idx_fp4":
+        elif fmt.name in ("idx_fp4", "v41_fp4", "v41_fp4_new"):
             codes_g = torch.stack((gd & 0xF, gd >> 4), -1).flatten()
             codes_w = torch.stack((wd & 0xF, wd >> 4), -1).flatten()
             sign = 0x8

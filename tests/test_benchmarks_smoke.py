@@ -407,3 +407,25 @@ def test_peer_delta_compares_from_one_snapshot():
     assert torch.equal(state, torch.ones(4))  # restored
     assert C.peer_delta(ours, lambda: theirs(0.0), [out], [state]) == "d=0.0e+00"
     assert C.peer_delta(ours, lambda: 1 / 0, [out], [state]).startswith("failed (ZeroDivisionError")
+
+
+def test_store_benchmark_adds_the_layouts_of_its_env_knob(monkeypatch):
+    """``FC_BENCH_STORE_LAYOUTS=v41,v41_fp4_new``: the V4 rows, then a C4 and a C128 row per layout
+    (their byte model counts the layout's entry); without it the V4 rows only."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1", FC_BENCH_STORE_LAYOUTS="v41,v41_fp4_new")
+    env.pop("FLASHCOMPRESS_DEBUG", None)
+    cmd = [sys.executable, str(BENCH / "bench_store.py"), "--device", "cpu", "--cases", PEER_CASE]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, rows = _table(proc.stdout, "case")
+    layers = [r.split()[1] + " " + r.split()[2] for r in rows]
+    assert layers == ["c4-512 v4@64", "c4-128 fp8@64", "c4-128 fp4@64", "c128-512 v4@2", "c4-512 v41@64",
+                      "c128-512 v41@2", "c4-512 v41_fp4_new@64", "c128-512 v41_fp4_new@2"], layers
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.delenv("FC_BENCH_STORE_LAYOUTS", raising=False)
+    import bench_store
+
+    assert [k[0] for k in bench_store.layout_kinds("uniform_fp8")] == ["c4-512 uniform_fp8@64",
+                                                                       "c128-512 uniform_fp8@2"]
+    with pytest.raises(ValueError, match="layout"):
+        bench_store.layout_kinds("v5")

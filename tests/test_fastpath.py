@@ -13,6 +13,7 @@ The same on real CUDA tensors and kernels: ``tests/test_gpu_hostfast.py``.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -111,13 +112,13 @@ def _fused_key(kw: dict[str, Any]) -> tuple[Any, ...]:
     p = kw["plan"]
     return (p[0], p.is_online, kw["compress_ratio"], kw["head_dim"], kw.get("is_online", False),
             kw["kv_score_buffer"].dtype, kw["kv_score_input"].dtype, kw.get("use_fp4", False),
-            kw.get("bf16_store", False), kw["page_size"])
+            kw.get("bf16_store", False), kw["page_size"], kw.get("layout", "v4"))
 
 
 def _store_key(kw: dict[str, Any]) -> tuple[Any, ...]:
     p = kw["plan"]
     return (type(p), p[0], kw["kv"].dtype, kw["kv"].shape[1], kw.get("use_fp4", False), kw.get("bf16_store", False),
-            kw["page_size"])
+            kw["page_size"], kw.get("layout", "v4"))
 
 
 # op, kwargs, install a fake binding under the valid call's key
@@ -442,3 +443,82 @@ def test_c128_prefill_fused_runs_the_two_step_launches(monkeypatch: pytest.Monke
     with pytest.raises(LookupError):  # a decode call goes to the fused kernel's module
         cc.compress_and_store(call._replace(plan_w=None), tiling="auto")
     assert seen == []
+
+
+def test_a_layout_never_uses_another_layouts_binding(gpu_like: Backend) -> None:
+    """The store keys carry the layout: a ``layout="v41"`` call misses the v4 bindings (and runs
+    the full path, which checks its cache size against the V4.1 layout), and its own key is found
+    for the layout's value, its ``KVLayout`` member alike."""
+    from flashcompress.v41.layouts import KVLayout
+
+    fused, st = fused_kwargs(), _gpu(store_kwargs())
+    v4_fused, v4_store = FakeBinding(), FakeBinding()
+    F.FUSED[_fused_key(fused)] = v4_fused
+    F.STORE[_store_key(st)] = (v4_store, True, 4)
+    with pytest.raises(ValueError, match="^layout: expected 'v4' unless head dim is 512"):
+        compress_and_store(**dict(fused, layout="v41"))  # the fused call is the head-128 indexer
+    with pytest.raises(ValueError, match=r"^kvcache: expected \[pages, 33792\] \(v41 page of 64 tokens\)"):
+        compress_norm_rope_store(**dict(st, layout="v41"))
+    assert v4_fused.calls == [] and v4_store.calls == [] and gpu_like.ran == []
+    v41_store = FakeBinding()
+    F.STORE[_store_key(dict(st, layout="v41"))] = (v41_store, True, 4)
+    with torch.no_grad():
+        compress_norm_rope_store(**dict(st, layout=KVLayout.V41))
+        compress_norm_rope_store(**dict(st, layout="v41"))
+    assert len(v41_store.calls) == 2 and v4_store.calls == []
+
+
+def test_v41_layout_calls_teach_the_store_key_of_their_layout(gpu_like: Backend, monkeypatch) -> None:
+    """remember_store keys a learnt call by its layout's value; remember_compress learns no fused
+    key for a V4.1 layout (the CUDA compress_and_store runs the two steps there)."""
+    from flashcompress.cuda_ops import store as cs
+    from flashcompress.layouts import MAIN_FORMATS
+    from flashcompress.v41.layouts import KVLayout
+
+    from flashcompress.cuda_ops import compress as cc
+
+    monkeypatch.setattr(cs, "store_module", lambda fmt, dtype: SimpleNamespace(forward_checked=("store", fmt.name)))
+    monkeypatch.setattr(cc, "_module", lambda *key: (_ for _ in ()).throw(LookupError(key)))
+    st = store_kwargs()
+    st["kvcache"] = torch.zeros(2, KVLayout.V41_FP4.page_bytes(64), dtype=torch.uint8)
+    args = (st["norm_weight"], st["norm_eps"], st["freq_cis"], st["out_loc"], st["kvcache"], 64, False, False,
+            "V41_FP4")
+    call = V.check_store(st["kv"], st["plan"], args)
+    F.remember_store(call._replace(device=0), st["plan"])  # as if on GPU 0
+    assert list(F.STORE) == [_store_key(dict(st, layout="v41_fp4"))]
+    assert F.STORE[_store_key(dict(st, layout=KVLayout.V41_FP4))][0] == ("store", MAIN_FORMATS[KVLayout.V41_FP4].name)
+    fused = fused_kwargs()
+    plan = fused["plan"]
+    ccall = V.check_compress(fused["kv_score_buffer"].as_subclass(torch.Tensor),
+                             fused["kv_score_input"].as_subclass(torch.Tensor), fused["ape"].as_subclass(torch.Tensor),
+                             plan, H, 4, None, False)
+    tail = call.store
+    F.remember_compress(ccall._replace(device=0, store=tail), plan, H, 4, False, None)
+    assert not F.FUSED
+
+
+@pytest.mark.parametrize("prefill", [False, True])
+def test_v41_layout_fused_runs_the_two_step_launches(monkeypatch: pytest.MonkeyPatch, prefill: bool) -> None:
+    """The CUDA ``compress_and_store`` into a V4.1 layout: ``compress_forward`` into rows of the
+    input dtype, then the store kernel, in decode and C4 prefill too (no epilogue variant)."""
+    from flashcompress.cuda_ops import compress as cc
+    from flashcompress.cuda_ops import store as cs
+    from flashcompress.layouts import LAYER_KINDS
+    from flashcompress.validation import CompressCall, StoreTail, store_format
+
+    seen: list[tuple] = []
+    monkeypatch.setattr(cc, "compress_forward", lambda call, out, tiling=None: seen.append(("forward", out, tiling)))
+    monkeypatch.setattr(cs, "compress_norm_rope_store", lambda call: seen.append(("store", call)))
+    monkeypatch.setattr(cc, "_module", lambda *key: (_ for _ in ()).throw(LookupError(key)))
+    fmt = store_format(512, False, False, 64, "v41_new")[0]
+    tail = StoreTail(torch.ones(512), 1e-6, torch.zeros(4, 32, dtype=torch.complex64), torch.zeros(8, dtype=torch.int64),
+                     torch.zeros(2, fmt.page_bytes(64), dtype=torch.uint8), 64, fmt)
+    rows = torch.zeros(3, 16, dtype=torch.uint8)
+    plan_w = torch.zeros(8, 8, dtype=torch.uint8) if prefill else None
+    call = CompressCall(LAYER_KINDS[(4, 512, False)], torch.zeros(16, 2048), torch.zeros(3 if not prefill else 8, 2048),
+                        torch.zeros(8, 512), rows, plan_w, tail, -1)
+    cc.compress_and_store(call, tiling="auto")
+    assert [s[0] for s in seen] == ["forward", "store"]
+    kv, store = seen[0][1], seen[1][1]
+    assert kv.shape == (3, 512) and kv.dtype is torch.float32
+    assert store.kv is kv and store.store is tail and store.is_decode is (not prefill) and store.ratio == 4

@@ -37,10 +37,14 @@ def test_check_compress_returns_the_checked_call() -> None:
 def test_check_store_carries_format_and_tail() -> None:
     kw = store_kwargs()
     tail = (kw["norm_weight"], kw["norm_eps"], kw["freq_cis"], kw["out_loc"], kw["kvcache"], kw["page_size"], False,
-            False)
+            False, "v4")
     call = V.check_store(kw["kv"], kw["plan"], tail)
     assert call.store.fmt.name == "v4" and call.is_decode and call.ratio == 4
     assert call.store.kvcache is kw["kvcache"] and call.store.page_size == 64
+    v41_cache = torch.zeros(2, 33792, dtype=torch.uint8)  # a v41 page of 64 tokens
+    call = V.check_store(kw["kv"], kw["plan"], tail[:4] + (v41_cache,) + tail[5:8] + ("V41",))
+    assert call.store.fmt.name == "v41" and call.store.kvcache is v41_cache
+    assert V.store_format(512, False, False, 2, "v41_fp4_new")[1] == 2 * 288  # interleaved: no page padding
     fmt, row_bytes = V.store_format(128, True, False, 16)
     assert fmt.name == "idx_fp4" and row_bytes == fmt.cache_row_bytes(16) == fmt.page_bytes(16)
     assert V.store_format(512, False, True, 4)[1] == 1024 * 4  # bf16 rows: no page padding

@@ -94,8 +94,9 @@ int main() {
   for (StoreFormat fmt : kCacheFormats) {
     const CacheFormatBytes f = cache_format(fmt);
     printf("%s{\"name\": \"%s\", \"head_dim\": %lld, \"data_bytes\": %lld, \"scale_bytes\": %lld, "
-           "\"page_align\": %lld, \"page_bytes\": [", sep, f.name, (long long)f.head_dim,
-           (long long)f.data_bytes, (long long)f.scale_bytes, (long long)f.page_align);
+           "\"page_align\": %lld, \"interleaved\": %s, \"page_bytes\": [", sep, f.name, (long long)f.head_dim,
+           (long long)f.data_bytes, (long long)f.scale_bytes, (long long)f.page_align,
+           f.interleaved ? "true" : "false");
     const long long sizes[] = {1, 2, 3, 4, 64, 256};
     for (int i = 0; i < 6; ++i) printf("%s%lld", i ? ", " : "", (long long)cache_page_bytes(fmt, sizes[i]));
     printf("]}");
@@ -150,7 +151,8 @@ def cpp_layout(tmp_path_factory: pytest.TempPathFactory) -> dict:
 def test_cpp_cache_formats_match_python(cpp_layout: dict) -> None:
     page_sizes = (1, 2, 3, 4, 64, 256)
     want = [{"name": f.name, "head_dim": f.head_dim, "data_bytes": f.data_bytes, "scale_bytes": f.scale_bytes,
-             "page_align": f.page_align, "page_bytes": [f.page_bytes(p) for p in page_sizes]}
+             "page_align": f.page_align, "interleaved": f.interleaved,
+             "page_bytes": [f.page_bytes(p) for p in page_sizes]}
             for f in L.CACHE_FORMATS.values()]
     assert cpp_layout["formats"] == want
     for f in L.CACHE_FORMATS.values():  # the kvcache tensor's row is one C++ page

@@ -56,7 +56,7 @@ import torch
 
 import flashcompress as fc
 import flashcompress.integrations.sglang as fc_sglang
-from flashcompress.layouts import INDEXER_FP4, INDEXER_FP8, MAIN_V4
+from flashcompress.layouts import INDEXER_FP4, INDEXER_FP8, MAIN_FORMATS, MAIN_V4
 
 VERSION = "0.5.23"
 REPO = Path(__file__).resolve().parent.parent
@@ -262,8 +262,10 @@ def _state_pool(ratio: int, head_dim: int, online: bool, g: torch.Generator) -> 
     return state
 
 
-def make_world(device: str, variant: Variant = Variant()) -> World:
-    """Three layers of DeepSeek-V4 (C4 main / C4 indexer / C128 main), filled from one seed."""
+def make_world(device: str, variant: Variant = Variant(), layout: object = "v4") -> World:
+    """Three layers of DeepSeek-V4 (C4 main / C4 indexer / C128 main), filled from one seed; the
+    main-KV caches in ``layout`` (SGLang's ``KVLayout`` or its string: the pool's extra-key layout)."""
+    main = MAIN_FORMATS[fc.KVLayout(str(getattr(layout, "value", layout)).lower())]
     dev = torch.device(device)
     g = torch.Generator().manual_seed(30)
     layers = []
@@ -271,7 +273,7 @@ def make_world(device: str, variant: Variant = Variant()) -> World:
                                                (128, 512, False, torch.float32)):
         online, fp4 = ratio == 128 and variant.online_c128, indexer and variant.fp4_indexer
         page_size = SWA_PAGE // ratio if ratio == 4 else 2
-        fmt = (INDEXER_FP4 if fp4 else INDEXER_FP8) if indexer else MAIN_V4
+        fmt = (INDEXER_FP4 if fp4 else INDEXER_FP8) if indexer else main
         pages = -(-(FULL_TOKENS // ratio) // page_size)
         width = (4 if ratio == 4 else 2) * head_dim
         layers.append(Layer(
@@ -286,7 +288,8 @@ def make_world(device: str, variant: Variant = Variant()) -> World:
     locs = torch.arange(FULL_TOKENS, dtype=torch.int32).view(SLOTS, MAX_LEN)
     full_to_swa = torch.cat([torch.arange(FULL_TOKENS + SWA_PAGE), torch.tensor([-1])])
     angles = torch.arange(MAX_LEN)[:, None] * (10000.0 ** (-torch.arange(32) / 32))[None, :]
-    return World(dev, variant, layers, locs.to(dev), full_to_swa.to(dev), torch.polar(torch.ones_like(angles), angles).to(dev))
+    return World(dev, variant, layers, locs.to(dev), full_to_swa.to(dev), torch.polar(torch.ones_like(angles), angles).to(dev),
+                 layout)
 
 
 # Each step: (kind, [(request slot, prefix length, new tokens)]).  Request 1 is prefilled in two
@@ -336,8 +339,10 @@ def _direct_plan(world: World, ratio: int, reqs: list[tuple[int, int, int]], dec
 def _direct_layer(world: World, layer: Layer, plan, inp: torch.Tensor, loc: torch.Tensor) -> None:
     kv = fc.compress_forward(layer.state, inp, layer.ape, plan, head_dim=layer.head_dim, compress_ratio=layer.ratio,
                              is_online=layer.online)
+    layout = "v4" if layer.indexer else str(getattr(world.layout, "value", world.layout))
     fc.compress_norm_rope_store(kv, plan, norm_weight=layer.norm_weight, norm_eps=EPS, freq_cis=world.freqs_cis,
-                                out_loc=loc, kvcache=layer.cache, page_size=layer.page_size, use_fp4=layer.fp4)
+                                out_loc=loc, kvcache=layer.cache, page_size=layer.page_size, use_fp4=layer.fp4,
+                                layout=layout)
 
 
 def run_direct(world: World) -> list[list[torch.Tensor]]:
@@ -504,9 +509,9 @@ def _assert_same(got: list[list[torch.Tensor]], want: list[list[torch.Tensor]]) 
                 pytest.fail(f"phase {phase}: {name} differs in {bad.shape[0]} bytes, first at {bad[0].tolist()}")
 
 
-def _assert_every_phase_writes(shots: list[list[torch.Tensor]], variant: Variant) -> None:
+def _assert_every_phase_writes(shots: list[list[torch.Tensor]], variant: Variant, layout: object = "v4") -> None:
     """Each compute phase stores into every cache and updates every state pool (the comparison is not vacuous)."""
-    start = snapshot(make_world("cpu", variant))
+    start = snapshot(make_world("cpu", variant, layout))
     for phase, (before, after) in enumerate(zip([start] + shots, shots)):
         if phase == 2:  # the graph warm-up: padding rows write state, store nothing
             continue
@@ -623,13 +628,13 @@ def _store_call(world: World, layer_id: int) -> tuple[object, dict[str, object]]
                             kvcache=layer.cache, page_size=layer.page_size)
 
 
-@pytest.mark.parametrize("keyword", ["layout", "kvcache_scale", "rope_cache", "fp4_k_write_metadata", "fp8_2buff",
+@pytest.mark.parametrize("keyword", ["kvcache_scale", "rope_cache", "fp4_k_write_metadata", "fp8_2buff",
                                      "kvcache_rope"])
 def test_unsupported_store_keywords_raise_and_write_nothing(sgl, no_handle_left, keyword: str) -> None:
     world = make_world("cpu")
     args, kwargs = _store_call(world, 0)
     t = torch.zeros(4, dtype=torch.uint8)
-    value = {"layout": sgl.KVLayout.V41, "kvcache_scale": t, "rope_cache": (t, t), "fp4_k_write_metadata": object(),
+    value = {"kvcache_scale": t, "rope_cache": (t, t), "fp4_k_write_metadata": object(),
              "fp8_2buff": True, "kvcache_rope": t}[keyword]
     cache = world.layers[0].cache.clone()
     with fc_sglang.apply():
@@ -638,19 +643,42 @@ def test_unsupported_store_keywords_raise_and_write_nothing(sgl, no_handle_left,
     assert torch.equal(world.layers[0].cache, cache)
 
 
+@pytest.mark.parametrize("layout", ["v41", "v41_fp4_new"])
 @pytest.mark.parametrize("fused", [False, True], ids=["two-step", "fused"])
-def test_v41_pool_through_sglang_raises_before_any_write(sgl, no_handle_left, fused: bool) -> None:
-    """SGLang's own code passes the pool's layout; a V4.1 pool is refused, its caches and state untouched."""
+def test_v41_pool_through_sglang_matches_flashcompress(sgl, no_handle_left, fused: bool, layout: str) -> None:
+    """SGLang's own code passes the pool's layout (``get_extra_key_layout``); a V4.1 pool's main-KV
+    caches get the bytes of ``flashcompress.compress_norm_rope_store(layout=...)``, fused or not."""
+    want = run_direct(make_world("cpu", layout=layout))
+    with fc_sglang.apply(fused=fused):
+        got = run_sglang(sgl, make_world("cpu", layout=sgl.KVLayout(layout)))
+    _assert_every_phase_writes(want, Variant(), layout)
+    _assert_same(got, want)
+    assert want[-1][1].shape[1] == fc.KVLayout(layout).page_bytes(64)  # layer 0's cache: the layout's C4 pages
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["two-step", "fused"])
+def test_v41_layout_on_a_v4_sized_pool_raises_before_any_write(sgl, no_handle_left, fused: bool) -> None:
+    """A layout whose cache size the pool does not have: flashcompress's named ValueError, nothing written."""
     world = make_world("cpu")
     world.layout = sgl.KVLayout.V41
     before = snapshot(world)
     with fc_sglang.apply(fused=fused):
-        with pytest.raises(fc_sglang.UnsupportedFeatureError, match="V4.1"):
+        with pytest.raises(ValueError, match=r"^kvcache: expected \[pages, 33792\] \(v41 page of 64 tokens\)"):
             SGLangEngine(sgl, world).step(EAGER_DECODE[0][1], decode=True)
     after = snapshot(world)
     assert torch.equal(after[1], before[1])  # layer 0's (main-KV) cache: nothing stored
     if fused:  # the deferred compress never ran
         assert torch.equal(after[0], before[0])
+
+
+def test_unknown_layout_raises_flashcompress_error(sgl, no_handle_left) -> None:
+    world = make_world("cpu")
+    args, kwargs = _store_call(world, 0)
+    cache = world.layers[0].cache.clone()
+    with fc_sglang.apply():
+        with pytest.raises(ValueError, match="^layout: expected one of"):
+            sgl.layer.compress_norm_rope_store(*args, **kwargs, layout="v5")
+    assert torch.equal(world.layers[0].cache, cache)
 
 
 @pytest.mark.parametrize("layout", ["V4", "v4", "KVLayout.V4"])

@@ -28,6 +28,7 @@ from . import library as _library  # torch.compile: the flashcompress:: custom o
 from . import validation as V
 from .dispatch import run_compress_and_store, run_compress_forward, run_store
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
+from .v41.layouts import KVLayout
 
 __all__ = ["compress_and_store", "compress_forward", "compress_norm_rope_store", "is_overlap_compress"]
 
@@ -100,6 +101,7 @@ def compress_norm_rope_store(
     page_size: int,
     use_fp4: bool = False,
     bf16_store: bool = False,
+    layout: KVLayout | str = "v4",
 ) -> None:
     """RMSNorm + RoPE (+ Hadamard for the indexer) + quantised paged store of compressed rows.
 
@@ -117,11 +119,17 @@ def compress_norm_rope_store(
         freq_cis: RoPE table, complex64 ``[max position + 1, 32]`` (row p: position p).
         out_loc: int64 cache slots: decode ``[B]`` (one per request), prefill ``[>= tokens]``
             (indexed by ragged id); slot s lives in page ``s // page_size``.
-        kvcache: uint8 ``[pages, row bytes]``: V4 (D 512), indexer FP8 / FP4 (D 128) pages of
-            ``page_size`` tokens, or bf16 rows (``bf16_store``); ``layouts.CacheFormat.cache_row_bytes``.
+        kvcache: uint8 ``[pages, row bytes]``: V4 / ``layout`` (D 512), indexer FP8 / FP4 (D 128)
+            pages of ``page_size`` tokens, or bf16 rows (``bf16_store``);
+            ``layouts.CacheFormat.cache_row_bytes`` (``layout.page_bytes(page_size)`` for a layout).
         page_size: tokens per cache page, a power of two.
         use_fp4: the indexer FP4 format (D 128 only); else FP8.
         bf16_store: dense bf16 rows (D 512 only) instead of the V4 format.
+        layout: the main-KV cache layout (``KVLayout`` or its string, any case): ``"v4"`` (the
+            default, the V4 bytes), ``"v41"``, ``"v41_new"``, ``"v41_fp4"``, ``"v41_fp4_new"`` or
+            ``"uniform_fp8"`` (DeepSeek-V4.1's layouts for the ratio-4 / 128 pools; spec
+            store-and-jit.md §5.3-5.5).  Layouts other than ``"v4"``: D 512 only, without
+            ``use_fp4`` / ``bf16_store``.
 
     Example: ``compress_norm_rope_store(out, plan, norm_weight=w, norm_eps=1e-6, freq_cis=freq,
     out_loc=loc, kvcache=cache, page_size=64)``.
@@ -129,8 +137,9 @@ def compress_norm_rope_store(
     if torch.compiler.is_compiling():  # traced by torch.compile: one custom op, no value checks in the graph
         return _library.compress_norm_rope_store(kv, plan, norm_weight=norm_weight, norm_eps=norm_eps,
                                                  freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache,
-                                                 page_size=page_size, use_fp4=use_fp4, bf16_store=bf16_store)
-    store = (norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store)
+                                                 page_size=page_size, use_fp4=use_fp4, bf16_store=bf16_store,
+                                                 layout=layout)
+    store = (norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store, layout)
     if _fast.compress_norm_rope_store(kv, plan, store):
         return
     call = V.check_store(kv, plan, store)
@@ -155,6 +164,7 @@ def compress_and_store(
     use_fp4: bool = False,
     bf16_store: bool = False,
     is_online: bool = False,
+    layout: KVLayout | str = "v4",
 ) -> None:
     """``compress_forward`` then ``compress_norm_rope_store`` in one call (same arguments, checked once).
 
@@ -162,8 +172,11 @@ def compress_and_store(
     launch; prefill: the pooling pass, which stores, then the state write pass); C128 and
     online C128 prefill run the two-step path's launches, which measured faster there.
     Writes exactly the state rows and cache bytes of the two-step path (the compressed row is
-    rounded to the input dtype before the store, as the two-step path's intermediate is).  Arguments: see ``compress_forward`` (the first eight) and
-    ``compress_norm_rope_store`` (the store arguments, with D = ``head_dim``).
+    rounded to the input dtype before the store, as the two-step path's intermediate is).
+    A ``layout`` other than ``"v4"`` always runs as the two steps on CUDA (``compress_forward``
+    into an intermediate of the input dtype, then the store kernel): the same bytes, one more
+    launch and the intermediate's round trip.  Arguments: see ``compress_forward`` (the first
+    eight) and ``compress_norm_rope_store`` (the store arguments, with D = ``head_dim``).
 
     Example: ``compress_and_store(state, inp, ape, plan, head_dim=512, compress_ratio=4,
     norm_weight=w, norm_eps=1e-6, freq_cis=freq, out_loc=loc, kvcache=cache, page_size=64)``.
@@ -172,8 +185,8 @@ def compress_and_store(
         return _library.compress_and_store(
             kv_score_buffer, kv_score_input, ape, plan, head_dim=head_dim, compress_ratio=compress_ratio,
             norm_weight=norm_weight, norm_eps=norm_eps, freq_cis=freq_cis, out_loc=out_loc, kvcache=kvcache,
-            page_size=page_size, use_fp4=use_fp4, bf16_store=bf16_store, is_online=is_online)
-    store = (norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store)
+            page_size=page_size, use_fp4=use_fp4, bf16_store=bf16_store, is_online=is_online, layout=layout)
+    store = (norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store, layout)
     if _fast.compress_and_store(kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, is_online,
                                 store):
         return

@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 import torch
 
+from . import layouts as L
 from .jit import settings as _settings
 from .jit.family import module_memo
 
@@ -53,10 +54,11 @@ __all__ = ["compress_and_store", "compress_forward", "compress_norm_rope_store",
 #  can allocate through torch's allocator, else (compress_decode, False)
 COMPRESS: dict[tuple[Any, ...], tuple[Callable[..., Any], bool]] = module_memo()
 # (plan ratio, plan.is_online, compress_ratio, head_dim, is_online, state / input dtype, use_fp4,
-#  bf16_store, page_size) -> compress_store_decode of the variant
+#  bf16_store, page_size, layout) -> compress_store_decode of the variant (layout "v4": the other
+#  layouts run the two-step path, learnt nowhere)
 FUSED: dict[tuple[Any, ...], Callable[..., None]] = module_memo()
-# (plan class, plan ratio, kv dtype, head dim, use_fp4, bf16_store, page_size)
-#   -> (forward_checked of the variant, is_decode, ratio)
+# (plan class, plan ratio, kv dtype, head dim, use_fp4, bf16_store, page_size, layout value)
+#   -> (forward_checked of the variant, is_decode, ratio); a KVLayout hashes and compares as its value
 STORE: dict[tuple[Any, ...], tuple[Callable[..., None], bool, int]] = module_memo()
 
 # (compress_ratio, swa_page_size, ring_size, use_req_ring) / ("online", state_slot_offset)
@@ -114,14 +116,15 @@ def compress_and_store(buf: Any, inp: Any, ape: Any, plan: Any, head_dim: Any, r
                        store: tuple[Any, ...]) -> bool | None:
     """``compress_and_store`` of a decode plan through the binding; True, or None (full path).
 
-    ``store``: ``(norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store)``."""
+    ``store``: ``(norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store,
+    layout)``."""
     if type(plan) is not _DecodePlan:
         return None
-    norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store = store
+    norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store, layout = store
     try:
         launch = FUSED.get((plan[0], plan.is_online, ratio, head_dim, online, buf.dtype, inp.dtype, use_fp4,
-                            bf16_store, page_size))
-    except AttributeError:
+                            bf16_store, page_size, layout))
+    except (AttributeError, TypeError):  # not tensors, or an unhashable layout: the full path names it
         return None
     if (launch is None or type(head_dim) is not int or type(ratio) is not int or type(online) is not bool
             or type(use_fp4) is not bool or type(bf16_store) is not bool or type(page_size) is not int
@@ -138,9 +141,9 @@ def compress_and_store(buf: Any, inp: Any, ape: Any, plan: Any, head_dim: Any, r
 
 def compress_norm_rope_store(kv: Any, plan: Any, store: tuple[Any, ...]) -> bool | None:
     """``compress_norm_rope_store`` (decode or prefill plan) through the binding; True, or None."""
-    norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store = store
+    norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store, layout = store
     try:
-        hit = STORE.get((type(plan), plan[0], kv.dtype, kv.shape[1], use_fp4, bf16_store, page_size))
+        hit = STORE.get((type(plan), plan[0], kv.dtype, kv.shape[1], use_fp4, bf16_store, page_size, layout))
     except (AttributeError, IndexError, TypeError):
         return None
     if (hit is None or type(use_fp4) is not bool or type(bf16_store) is not bool or type(page_size) is not int
@@ -242,9 +245,11 @@ def remember_compress(call: Any, plan: Any, head_dim: int, ratio: int, online: b
     if inp.dtype is not torch.float32:  # bf16 input: the backend rounds the weight per call (full path)
         return
     fmt = st.fmt
+    if fmt.name not in cc.EPILOGUE_FORMATS:  # a V4.1 layout: compress_and_store runs the two steps
+        return
     use_fp4, bf16_store = fmt.name == "idx_fp4", fmt.name == "bf16"
     key = (plan[0], plan.is_online, ratio, head_dim, online, pool.dtype, inp.dtype, use_fp4, bf16_store,
-           st.page_size)
+           st.page_size, "v4")
     if key not in FUSED:
         module = cc._module(layer.ratio, layer.online, layer.head_dim, inp.dtype, pool.dtype, inp.dtype, fmt.name,
                             cc.current_tiling())
@@ -260,7 +265,9 @@ def remember_store(call: Any, plan: Any) -> None:
 
     kv, st = call.kv, call.store
     fmt = st.fmt
-    key = (type(plan), plan[0], kv.dtype, kv.shape[1], fmt.name == "idx_fp4", fmt.name == "bf16", st.page_size)
+    layout = fmt.name if fmt.name in L.MAIN_LAYOUT_NAMES else "v4"  # the indexer and bf16 formats: layout v4
+    key = (type(plan), plan[0], kv.dtype, kv.shape[1], fmt.name == "idx_fp4", fmt.name == "bf16", st.page_size,
+           layout)
     if key not in STORE:
         STORE[key] = (_no_gil(cs.store_module(fmt, kv.dtype).forward_checked), call.is_decode, call.ratio)
 

@@ -39,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from .v41.layouts import LATENT_DIM, KVLayout, RowAddressing
+
 # --------------------------------------------------------------------------
 # Plan rows
 # --------------------------------------------------------------------------
@@ -176,9 +178,11 @@ def mtp_write_pad(ratio: int, ring_size: int) -> int:
 class CacheFormat:
     """One paged cache entry format.
 
-    ``data_bytes`` per token live at ``page * page_bytes + slot * data_bytes``;
-    ``scale_bytes`` per token live after the page's data region at
-    ``page * page_bytes + page_size * data_bytes + slot * scale_bytes``.
+    Block-split (``interleaved`` False): ``data_bytes`` per token live at
+    ``page * page_bytes + slot * data_bytes``; ``scale_bytes`` per token live after the
+    page's data region at ``page * page_bytes + page_size * data_bytes + slot * scale_bytes``.
+    Interleaved (the V4.1 ``_new`` layouts): a token's scales follow its data, at
+    ``page * page_bytes + slot * bytes_per_token (+ data_bytes)``.
     A page is padded up to a multiple of ``page_align`` bytes.
     """
 
@@ -187,6 +191,7 @@ class CacheFormat:
     data_bytes: int
     scale_bytes: int
     page_align: int
+    interleaved: bool = False
 
     @property
     def bytes_per_token(self) -> int:
@@ -200,6 +205,24 @@ class CacheFormat:
         """Bytes of one row of the ``kvcache`` tensor: a page, or for bf16 rows ``page_size`` rows."""
         return self.data_bytes * page_size if self.scale_bytes == 0 else self.page_bytes(page_size)
 
+    def addressing(self, page_size: int) -> RowAddressing:
+        """Where slot ``loc``'s data and scale bytes live in a cache of ``page_size``-token pages
+        (``v41.layouts.RowAddressing``: data at ``page * page_bytes + s * data_stride``, scales at
+        ``page * page_bytes + scale_base + s * scale_stride``)."""
+        if self.interleaved:
+            stride = self.bytes_per_token
+            return RowAddressing(self.page_bytes(page_size), self.data_bytes, stride, self.scale_bytes,
+                                 self.data_bytes, stride)
+        return RowAddressing(self.cache_row_bytes(page_size), self.data_bytes, self.data_bytes, self.scale_bytes,
+                             page_size * self.data_bytes, self.scale_bytes)
+
+
+def kv_layout_format(layout: KVLayout) -> CacheFormat:
+    """The main-KV (head 512) cache format of a V4.1 ``KVLayout``: its byte facts come from
+    ``v41.layouts`` (``MAIN_V4`` is the one of ``KVLayout.V4``)."""
+    return CacheFormat(layout.value, LATENT_DIM, layout.data_bytes, layout.scale_bytes, layout.page_align,
+                       layout.is_interleaved)
+
 
 # Main KV, V4: 448 e4m3 + 64 bf16 rope = 576 B data; 7 ue8m0 + 1 pad = 8 B.
 MAIN_V4: Final = CacheFormat("v4", 512, 576, 8, 576)
@@ -209,8 +232,13 @@ INDEXER_FP8: Final = CacheFormat("idx_fp8", 128, 128, 4, 1)
 INDEXER_FP4: Final = CacheFormat("idx_fp4", 128, 64, 4, 1)
 # bf16 store: dense 1024-byte rows addressed directly by out_loc.
 BF16_ROWS: Final = CacheFormat("bf16", 512, 1024, 0, 1)
+# The main-KV format of each KVLayout (compress_norm_rope_store's ``layout=``); V4 is MAIN_V4.
+MAIN_FORMATS: Final = {layout: MAIN_V4 if layout is KVLayout.V4 else kv_layout_format(layout) for layout in KVLayout}
+# Names of the main-KV layout formats (the layout values), v4 included.
+MAIN_LAYOUT_NAMES: Final = frozenset(f.name for f in MAIN_FORMATS.values())
 # Every format a store writes, by name (jit_kernel/layout.h kCacheFormats, in this order).
-CACHE_FORMATS: Final = {f.name: f for f in (MAIN_V4, INDEXER_FP8, INDEXER_FP4, BF16_ROWS)}
+CACHE_FORMATS: Final = {f.name: f for f in (MAIN_V4, INDEXER_FP8, INDEXER_FP4, BF16_ROWS,
+                                            *(MAIN_FORMATS[layout] for layout in KVLayout if layout is not KVLayout.V4))}
 
 V4_NOPE_DIM: Final = 448
 V4_TILE: Final = 64
@@ -220,8 +248,10 @@ AMAX_FLOOR: Final = 1e-4
 FP4_GROUP: Final = 32
 
 
-def select_cache_format(head_dim: int, use_fp4: bool, bf16_store: bool) -> CacheFormat:
-    """The cache format ``compress_norm_rope_store`` writes for these flags."""
+def select_cache_format(head_dim: int, use_fp4: bool, bf16_store: bool,
+                        layout: KVLayout = KVLayout.V4) -> CacheFormat:
+    """The cache format ``compress_norm_rope_store`` writes for these flags (a non-V4 ``layout``:
+    head 512 only, without ``use_fp4`` / ``bf16_store``, which ``validation`` checks)."""
     if head_dim == 128:
         return INDEXER_FP4 if use_fp4 else INDEXER_FP8
-    return BF16_ROWS if bf16_store else MAIN_V4
+    return BF16_ROWS if bf16_store else MAIN_FORMATS[layout]

@@ -13,6 +13,9 @@ only tensors and plain scalars and declares what it writes (``Tensor(a!)``):
   flashcompress::compress_norm_rope_store  writes kvcache
   flashcompress::compress_and_store        writes kv_score_buffer, kvcache
 
+The two store ops end with ``str layout="v4"`` (``KVLayout`` values; a ``KVLayout``
+argument is passed as its string).
+
 (The four V4.1 ops join the namespace from :mod:`flashcompress.v41.library`, imported below.)
 
 Every op returns nothing, so its fake (meta) implementation does nothing: the
@@ -43,6 +46,7 @@ import torch
 from . import validation as V
 from .dispatch import run_compress_and_store, run_compress_forward, run_store
 from .plans import CompressorDecodePlan, CompressorPrefillPlan
+from .v41.layouts import KVLayout
 
 __all__ = ["compress_forward", "compress_norm_rope_store", "compress_and_store", "OPS"]
 
@@ -52,15 +56,17 @@ _PLAN = "Tensor plan_rows, Tensor? plan_w, int plan_ratio, bool? plan_is_online"
 # (auto_functionalized_v2) fails on complex tensor arguments in torch 2.13 ("auto_functionalized_v2 was not removed").
 _STORE = ("Tensor norm_weight, float norm_eps, Tensor freq_cis, bool freq_as_real, Tensor out_loc, Tensor(c!) kvcache, "
           "int page_size, bool use_fp4, bool bf16_store")
+# the trailing argument of the store ops: the main-KV layout as its string value
+_LAYOUT = 'str layout="v4"'
 
 SCHEMAS = {
     "compress_forward": (
         f"compress_forward(Tensor(a!) kv_score_buffer, Tensor kv_score_input, Tensor ape, {_PLAN}, Tensor(b!) out, "
         "int head_dim, int compress_ratio, bool is_online) -> ()"),
-    "compress_norm_rope_store": f"compress_norm_rope_store(Tensor kv, {_PLAN}, {_STORE}) -> ()",
+    "compress_norm_rope_store": f"compress_norm_rope_store(Tensor kv, {_PLAN}, {_STORE}, {_LAYOUT}) -> ()",
     "compress_and_store": (
         f"compress_and_store(Tensor(a!) kv_score_buffer, Tensor kv_score_input, Tensor ape, {_PLAN}, "
-        f"int head_dim, int compress_ratio, {_STORE}, bool is_online) -> ()"),
+        f"int head_dim, int compress_ratio, {_STORE}, bool is_online, {_LAYOUT}) -> ()"),
 }
 
 _LIB = torch.library.Library("flashcompress", "DEF")
@@ -80,6 +86,11 @@ def _unpack(plan: object) -> tuple[torch.Tensor, Optional[torch.Tensor], int, Op
     if isinstance(plan, CompressorPrefillPlan):
         return plan[1], plan[2], plan[0], plan.is_online
     V.fail("plan", "a CompressorDecodePlan or CompressorPrefillPlan", type(plan).__name__, TypeError)
+
+
+def _layout_arg(layout: object) -> object:
+    """Traced side: a ``KVLayout`` goes to the op as its string value (the schema's ``str``)."""
+    return layout.value if isinstance(layout, KVLayout) else layout
 
 
 def _freq_arg(freq_cis: object) -> tuple[object, bool]:
@@ -102,24 +113,24 @@ def _compress_forward_impl(kv_score_buffer, kv_score_input, ape, plan_rows, plan
 
 
 def _compress_norm_rope_store_impl(kv, plan_rows, plan_w, plan_ratio, plan_is_online, norm_weight, norm_eps, freq_cis,
-                                   freq_as_real, out_loc, kvcache, page_size, use_fp4, bf16_store):
+                                   freq_as_real, out_loc, kvcache, page_size, use_fp4, bf16_store, layout="v4"):
     if freq_as_real:
         freq_cis = torch.view_as_complex(freq_cis)
     V.check_ratio(plan_ratio)
     plan = _plan(plan_ratio, plan_rows, plan_w, plan_is_online)
     run_store(V.check_store(kv, plan, (norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4,
-                                       bf16_store)))
+                                       bf16_store, layout)))
 
 
 def _compress_and_store_impl(kv_score_buffer, kv_score_input, ape, plan_rows, plan_w, plan_ratio, plan_is_online,
                              head_dim, compress_ratio, norm_weight, norm_eps, freq_cis, freq_as_real, out_loc, kvcache,
-                             page_size, use_fp4, bf16_store, is_online):
+                             page_size, use_fp4, bf16_store, is_online, layout="v4"):
     if freq_as_real:
         freq_cis = torch.view_as_complex(freq_cis)
     plan = _plan(plan_ratio, plan_rows, plan_w, plan_is_online)
     run_compress_and_store(V.check_compress(
         kv_score_buffer, kv_score_input, ape, plan, head_dim, compress_ratio, None, is_online,
-        store=(norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store)))
+        store=(norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store, layout)))
 
 
 def _nothing(*args, **kwargs) -> None:
@@ -161,19 +172,22 @@ def compress_forward(kv_score_buffer, kv_score_input, ape, plan, *, head_dim, co
 
 
 def compress_norm_rope_store(kv, plan, *, norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size,
-                             use_fp4=False, bf16_store=False):
+                             use_fp4=False, bf16_store=False, layout="v4"):
     """``api.compress_norm_rope_store`` while tracing."""
     plan_rows, plan_w, ratio, kind = _unpack(plan)
     freq, as_real = _freq_arg(freq_cis)
     torch.ops.flashcompress.compress_norm_rope_store(kv, plan_rows, plan_w, ratio, kind, norm_weight, norm_eps,
-                                                     freq, as_real, out_loc, kvcache, page_size, use_fp4, bf16_store)
+                                                     freq, as_real, out_loc, kvcache, page_size, use_fp4, bf16_store,
+                                                     _layout_arg(layout))
 
 
 def compress_and_store(kv_score_buffer, kv_score_input, ape, plan, *, head_dim, compress_ratio, norm_weight, norm_eps,
-                       freq_cis, out_loc, kvcache, page_size, use_fp4=False, bf16_store=False, is_online=False):
+                       freq_cis, out_loc, kvcache, page_size, use_fp4=False, bf16_store=False, is_online=False,
+                       layout="v4"):
     """``api.compress_and_store`` while tracing."""
     plan_rows, plan_w, ratio, kind = _unpack(plan)
     freq, as_real = _freq_arg(freq_cis)
     torch.ops.flashcompress.compress_and_store(kv_score_buffer, kv_score_input, ape, plan_rows, plan_w, ratio, kind,
                                                head_dim, compress_ratio, norm_weight, norm_eps, freq, as_real, out_loc,
-                                               kvcache, page_size, use_fp4, bf16_store, is_online)
+                                               kvcache, page_size, use_fp4, bf16_store, is_online,
+                                               _layout_arg(layout))

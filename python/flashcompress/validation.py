@@ -52,6 +52,7 @@ from .layouts import (
     select_cache_format,
 )
 from .torch_backend.rows import compress_fields, decode_fields, store_targets, write_fields
+from .v41.layouts import KVLayout
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16)
 INT32_MAX = 2**31 - 1
@@ -370,7 +371,7 @@ class StoreTail(NamedTuple):
     ``norm_weight`` fp32/bf16 ``[D]``; ``norm_eps`` a float in (0, 1); ``freq_cis``
     complex64 ``[T, 32]``; ``out_loc`` int64 ``[N]``; ``kvcache`` uint8
     ``[pages, fmt.cache_row_bytes(page_size)]``; ``page_size`` a power of two; ``fmt``
-    the cache format the flags select.  All tensors on the call's device.
+    the cache format the flags and the layout select.  All tensors on the call's device.
     """
 
     norm_weight: torch.Tensor
@@ -429,10 +430,10 @@ class StoreCall(NamedTuple):
 
 
 # The user's store arguments, in the order of the public signatures (the API packs them once):
-# (norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store)
+# (norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store, layout)
 StoreArgs = tuple
 
-# (head dim, use_fp4, bf16_store, page_size) -> (format, kvcache row bytes): filled on first use
+# (head dim, use_fp4, bf16_store, page_size, layout) -> (format, kvcache row bytes): filled on first use
 _STORE_FORMATS: dict[tuple[object, ...], tuple[CacheFormat, int]] = {}
 
 
@@ -527,10 +528,11 @@ def _store_key(kv: object, plan: object, store: StoreArgs) -> tuple[object, ...]
 
 def _tail_key(store: StoreArgs) -> tuple[object, ...] | None:
     """The memo key part of the store arguments, or None (raises AttributeError for a non-tensor)."""
-    w, eps, freq, loc, cache, page_size, use_fp4, bf16_store = store
-    if not (type(eps) is float and type(page_size) is int and type(use_fp4) is bool and type(bf16_store) is bool):
+    w, eps, freq, loc, cache, page_size, use_fp4, bf16_store, layout = store
+    if not (type(eps) is float and type(page_size) is int and type(use_fp4) is bool and type(bf16_store) is bool
+            and isinstance(layout, str)):
         return None
-    return (eps, page_size, use_fp4, bf16_store, w.data_ptr(), w.shape, w.dtype,
+    return (eps, page_size, use_fp4, bf16_store, layout, w.data_ptr(), w.shape, w.dtype,
             freq.data_ptr(), freq.shape, freq.stride(), freq.dtype, loc.data_ptr(), loc.shape, loc.dtype,
             cache.data_ptr(), cache.shape, cache.dtype)
 
@@ -700,11 +702,16 @@ def _check_store(kv: object, plan: object, store: StoreArgs) -> StoreCall:
     return StoreCall(kv_t, plan_rows, plan.is_decode, plan.compress_ratio, tail, dev)
 
 
-def store_format(head_dim: int, use_fp4: object, bf16_store: object, page_size: object) -> tuple[CacheFormat, int]:
-    """``(format, kvcache row bytes)`` of a store: checked once per key, then one dict lookup."""
-    key = (head_dim, use_fp4, bf16_store, page_size)
+def store_format(head_dim: int, use_fp4: object, bf16_store: object, page_size: object,
+                 layout: object = KVLayout.V4) -> tuple[CacheFormat, int]:
+    """``(format, kvcache row bytes)`` of a store: checked once per key, then one dict lookup.
+
+    ``layout`` (a ``KVLayout`` or its string, any case): the main-KV layout; layouts other
+    than ``v4`` only for head dim 512 and without ``use_fp4`` / ``bf16_store``.
+    """
+    key = (head_dim, use_fp4, bf16_store, page_size, layout)
     # 0 == False and 64.0 == 64 hash alike: only arguments of the checked types may hit
-    typed = type(page_size) is int and type(use_fp4) is bool and type(bf16_store) is bool
+    typed = type(page_size) is int and type(use_fp4) is bool and type(bf16_store) is bool and isinstance(layout, str)
     hit = _STORE_FORMATS.get(key) if typed else None
     if hit is not None:
         return hit
@@ -712,6 +719,15 @@ def store_format(head_dim: int, use_fp4: object, bf16_store: object, page_size: 
         fail("use_fp4", "a bool", repr(use_fp4), TypeError)
     if type(bf16_store) is not bool:
         fail("bf16_store", "a bool", repr(bf16_store), TypeError)
+    kv_layout = KVLayout.parse(layout)  # TypeError / ValueError naming ``layout``
+    if kv_layout is not KVLayout.V4:
+        only = f"(layout {kv_layout.value!r} is a main-KV format: use_fp4 and bf16_store are V4-only)"
+        if use_fp4:
+            fail("use_fp4", f"False with a non-v4 layout {only}", True)
+        if bf16_store:
+            fail("bf16_store", f"False with a non-v4 layout {only}", True)
+        if head_dim != 512:
+            fail("layout", "'v4' unless head dim is 512 (main KV)", f"{kv_layout.value!r} with head dim {head_dim}")
     if use_fp4 and head_dim != 128:
         fail("use_fp4", "False unless head dim is 128 (FP4 is the indexer format)", f"True with head dim {head_dim}")
     if bf16_store and head_dim != 512:
@@ -719,7 +735,7 @@ def store_format(head_dim: int, use_fp4: object, bf16_store: object, page_size: 
     check_int("page_size", page_size, minimum=1)
     if page_size & (page_size - 1):  # type: ignore[operator]
         fail("page_size", "a power of two", page_size)
-    fmt = select_cache_format(head_dim, use_fp4, bf16_store)
+    fmt = select_cache_format(head_dim, use_fp4, bf16_store, kv_layout)
     hit = fmt, fmt.cache_row_bytes(page_size)  # type: ignore[arg-type]
     _STORE_FORMATS[key] = hit  # every argument passed its type check above
     return hit
@@ -731,8 +747,8 @@ def _store_tail(store: StoreArgs, dev: int | None, D: int, rows: int, is_decode:
     argument those rows are computed from, which must not overlap the cache; ``dev``: as
     ``checked_by_binding`` returns it)."""
     lean = dev is None
-    norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store = store
-    fmt, row_bytes = store_format(D, use_fp4, bf16_store, page_size)
+    norm_weight, norm_eps, freq_cis, out_loc, kvcache, page_size, use_fp4, bf16_store, layout = store
+    fmt, row_bytes = store_format(D, use_fp4, bf16_store, page_size, layout)
     w = check_tensor("norm_weight", norm_weight, FLOAT_DTYPES, _1D, dev, grad=grad, contiguous=not lean)
     if w.shape[0] != D:
         check_size("norm_weight", w, 0, D, "head dim of kv")  # raises

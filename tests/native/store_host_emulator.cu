@@ -8,7 +8,7 @@
 // backend and with the golden vectors.
 //
 // Usage: store_host_emulator <dir>. <dir>/params.txt holds
-//   <fmt: v4|idx_fp8|idx_fp4|bf16> <dtype: f32|bf16> <rows> <ratio> <is_decode> <page_size>
+//   <fmt: v4|idx_fp8|idx_fp4|bf16|v41|v41_fp4|uniform_fp8|v41_new|v41_fp4_new> <dtype: f32|bf16> <rows> <ratio> <is_decode> <page_size>
 //   <eps as fp32 bit pattern> <freq_rows> <out_loc_len> <cache_bytes> [<slice: 0|64|128>]
 // slice 0 (default) runs store_plan_row; 64 or 128 (V4, bf16) runs the sliced store of the compress
 // kernel's epilogue (the C128 cluster's blocks, or the warps of a head-512 one-block store): the
@@ -27,6 +27,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "store.cuh"
@@ -227,24 +228,26 @@ int main(int argc, char** argv) {
   const uint32_t eps_u = static_cast<uint32_t>(eps_bits);
   std::memcpy(&args.store.norm_eps, &eps_u, 4);
 
-  // page bytes per format (layouts.CacheFormat.page_bytes)
-  auto page_bytes = [&](long long data, long long scale, long long align) {
-    const long long raw = page_size * (data + scale);
-    return (raw + align - 1) / align * align;
+  // the format by its name (layout.h kCacheFormats), its page bytes from layout.h
+  bool known = false;
+  auto try_format = [&](auto fmt_tag) {
+    constexpr fc::StoreFormat kFmt = decltype(fmt_tag)::value;
+    if (known || fmt != fc::cache_format(kFmt).name) return;
+    known = true;
+    args.store.page_bytes = fc::cache_page_bytes(kFmt, page_size);
+    run_dtype<static_cast<int>(fc::cache_format(kFmt).head_dim), kFmt>(dtype, slice, args);
   };
-  if (fmt == "v4") {
-    args.store.page_bytes = page_bytes(576, 8, 576);
-    run_dtype<512, fc::StoreFormat::kV4>(dtype, slice, args);
-  } else if (fmt == "idx_fp8") {
-    args.store.page_bytes = page_bytes(128, 4, 1);
-    run_dtype<128, fc::StoreFormat::kIndexFp8>(dtype, slice, args);
-  } else if (fmt == "idx_fp4") {
-    args.store.page_bytes = page_bytes(64, 4, 1);
-    run_dtype<128, fc::StoreFormat::kIndexFp4>(dtype, slice, args);
-  } else if (fmt == "bf16") {
-    args.store.page_bytes = page_bytes(1024, 0, 1);
-    run_dtype<512, fc::StoreFormat::kBf16>(dtype, slice, args);
-  } else {
+  using F = fc::StoreFormat;
+  try_format(std::integral_constant<F, F::kV4>{});
+  try_format(std::integral_constant<F, F::kIndexFp8>{});
+  try_format(std::integral_constant<F, F::kIndexFp4>{});
+  try_format(std::integral_constant<F, F::kBf16>{});
+  try_format(std::integral_constant<F, F::kV41>{});
+  try_format(std::integral_constant<F, F::kV41Fp4>{});
+  try_format(std::integral_constant<F, F::kUniformFp8>{});
+  try_format(std::integral_constant<F, F::kV41New>{});
+  try_format(std::integral_constant<F, F::kV41Fp4New>{});
+  if (!known) {
     std::cerr << "unknown format " << fmt << "\n";
     return 2;
   }

@@ -32,7 +32,9 @@ second waits on the first through programmatic dependent launch on SM90).
 ``compress_and_store`` is the compress kernel with the store epilogue (no intermediate
 rows) in decode and C4 prefill; C128 and online C128 prefill run the two-step path's
 launches (compress pass, write pass, store kernel), which measured faster there (the
-README's "which to use" paragraph).
+README's "which to use" paragraph).  A store into one of the V4.1 layouts (``layout=`` other
+than ``"v4"``; no epilogue variant exists for them) runs as the two steps as well:
+``compress_forward`` into rows of the input dtype, then the store kernel (same bytes).
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ from .store import freq_table
 __all__ = ["COMPRESS", "compress_and_store", "compress_forward", "current_tiling", "set_tiling"]
 
 _DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
+# The cache formats the compress kernel's store epilogue writes (the family's ``store`` values
+# other than "none"); any other format (the V4.1 layouts) is stored by the store kernel after it.
+_STORES = ("none", "v4", "idx_fp8", "idx_fp4", "bf16")
+EPILOGUE_FORMATS: frozenset[str] = frozenset(_STORES[1:])
 
 
 def _validate(p: Mapping[str, Any]) -> None:
@@ -127,7 +133,7 @@ COMPRESS = register_family(
             "in_dtype": ("f32", "bf16"),
             "state_dtype": ("f32", "bf16"),
             "out_dtype": ("f32", "bf16"),
-            "store": ("none", "v4", "idx_fp8", "idx_fp4", "bf16"),
+            "store": _STORES,
             "tiling": ("auto", "whole_row", "closing"),
         },
         defaults={"tiling": "auto"},
@@ -207,11 +213,12 @@ def compress_and_store(call: CompressCall, tiling: str | None = None) -> None:
     compress kernel with the store epilogue (decode: one launch; C4 prefill: the pooling pass,
     which stores, then the state write pass). C128 and online C128 prefill run the two-step
     path's launches instead (compress pass, write pass, store kernel), which measured faster
-    than the stored pooling pass there (RESULTS.md, s16.2 / s17.3). ``tiling`` None:
+    than the stored pooling pass there (RESULTS.md, s16.2 / s17.3), and so does every store into a
+    V4.1 layout (no epilogue variant; the store kernel writes them). ``tiling`` None:
     ``current_tiling()``."""
     if tiling is None:
         tiling = _TILING
-    if call.plan_w is not None and call.layer.ratio == 128:
+    if (call.plan_w is not None and call.layer.ratio == 128) or call.store.fmt.name not in EPILOGUE_FORMATS:
         _compress_then_store(call, tiling)
         return
     layer, pool, inp, ape, plan_rows, plan_w, st = (call.layer, call.pool, call.inp, call.ape, call.plan_rows,
@@ -234,11 +241,13 @@ def compress_and_store(call: CompressCall, tiling: str | None = None) -> None:
 
 
 def _compress_then_store(call: CompressCall, tiling: str) -> None:
-    """``compress_and_store`` of a C128 / online C128 prefill: ``compress_forward`` into rows of the
-    input dtype (the two-step path's intermediate), then ``compress_norm_rope_store``."""
+    """``compress_and_store`` of a C128 / online C128 prefill or into a V4.1 layout:
+    ``compress_forward`` into rows of the input dtype (the two-step path's intermediate), then
+    ``compress_norm_rope_store``."""
     from ..validation import StoreCall
     from .store import compress_norm_rope_store
 
     kv = torch.empty((call.plan_rows.shape[0], call.layer.head_dim), dtype=call.inp.dtype, device=call.inp.device)
     compress_forward(call, kv, tiling=tiling)
-    compress_norm_rope_store(StoreCall(kv, call.plan_rows, False, call.layer.ratio, call.store, call.device))
+    compress_norm_rope_store(StoreCall(kv, call.plan_rows, call.is_decode, call.layer.ratio, call.store,
+                                       call.device))

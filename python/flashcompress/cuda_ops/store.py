@@ -4,13 +4,16 @@ Same function and signature as ``flashcompress.torch_backend.ops.compress_norm_r
 it takes the checked ``validation.StoreCall``.  One warp per plan row
 (``jit_kernel/store.cuh``): RMSNorm, interleaved RoPE on the last 64 dims at
 ``seq_len - ratio``, the 128-point Hadamard for the indexer, then the V4 / indexer FP8 /
-indexer FP4 / bf16 encoding scattered into the paged cache.  Skipped rows (decode:
+indexer FP4 / bf16 encoding, or one of the V4.1 layouts (``layout=``: v41, v41_fp4, uniform_fp8,
+v41_new, v41_fp4_new), scattered into the paged cache.  Skipped rows (decode:
 ``seq_len % ratio != 0``; prefill: invalid rows) write nothing.  The launch goes to the
 caller's current stream, never synchronises the host and can be captured in a CUDA graph.
 
-Variants: ``(head_dim, fmt, dtype)`` with ``fmt`` in {v4, bf16} at 512 and {idx_fp8,
-idx_fp4} at 128, ``dtype`` (of ``kv`` and of the weight the kernel reads) fp32 or bf16;
-``page_size`` is a runtime argument.  Exports (``jit_kernel/store_binding.h``):
+Variants: ``(head_dim, fmt, dtype)`` with ``fmt`` in {v4, bf16, v41, v41_fp4, uniform_fp8,
+v41_new, v41_fp4_new} at 512 and {idx_fp8, idx_fp4} at 128, ``dtype`` (of ``kv`` and of the
+weight the kernel reads) fp32 or bf16; ``page_size`` is a runtime argument.  The layout is the
+variant's ``fmt`` (a template parameter of the kernel): the v4 variants' code is the same as
+without the V4.1 ones.  Exports (``jit_kernel/store_binding.h``):
 ``forward``, ``forward_checked`` (the API's eager path, ``flashcompress.fastpath``: complex64
 ``freq_cis`` only), ``page_bytes``, ``format_info``.
 
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import torch
 
 from ..jit.family import Family, module_memo, register_family
-from ..layouts import BF16_ROWS, INDEXER_FP4, INDEXER_FP8, MAIN_V4, CacheFormat
+from ..layouts import CACHE_FORMATS, CacheFormat
 from ..validation import StoreCall
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["EXPORTS", "STORE", "compress_norm_rope_store", "store_module"]
 
 EXPORTS = ("forward", "forward_checked", "page_bytes", "format_info")
-FORMATS: dict[str, CacheFormat] = {f.name: f for f in (MAIN_V4, INDEXER_FP8, INDEXER_FP4, BF16_ROWS)}
+FORMATS: dict[str, CacheFormat] = dict(CACHE_FORMATS)  # the V4 formats, then the V4.1 layouts
 DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 

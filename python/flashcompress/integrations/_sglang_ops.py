@@ -3,9 +3,9 @@
 SGLang 0.5.23's compressor ops and flashcompress's share names and signatures,
 except that SGLang's ``compress_norm_rope_store`` takes a few more keywords:
 
-  layout=                V4 (accepted), or a V4.1 layout (refused: flashcompress's ratio-4 / 128 store,
-                         ``compress_norm_rope_store``, has no ``layout=``; the V4.1 layouts exist only
-                         for the ratio-1 / 2 ops, bound by :mod:`._sglang_v41`)
+  layout=                passed on: SGLang's ``KVLayout`` member (as its value) or string, any case
+                         (``flashcompress.compress_norm_rope_store(layout=...)``: V4 and the V4.1
+                         layouts of the ratio-4 / 128 pools)
   kvcache_scale=, rope_cache=, fp4_k_write_metadata=
                          the HIP FP4 indexer writer's split scale pool and tables (refused)
   fp8_2buff=, kvcache_rope=
@@ -13,8 +13,10 @@ except that SGLang's ``compress_norm_rope_store`` takes a few more keywords:
 
 ``compress_norm_rope_store`` below takes them, refuses the ones flashcompress
 does not implement with ``UnsupportedFeatureError`` before anything is written,
-and passes the rest on.  The plan classes and ``compress_forward`` are bound as
-flashcompress's own objects.
+and passes the rest on (a layout flashcompress does not know, or a V4.1 layout with
+``use_fp4`` / ``bf16_store`` or a cache of another size, raises flashcompress's
+``ValueError`` before anything is written).  The plan classes and ``compress_forward``
+are bound as flashcompress's own objects.
 
 Fused mode joins the two op calls of SGLang's ``_forward_compress_all_in_one``
 into one ``compress_and_store`` while SGLang's method runs unchanged: inside
@@ -37,7 +39,7 @@ import flashcompress as fc
 
 from .errors import UnsupportedFeatureError
 
-_V4_LAYOUT = "v4"  # SGLang's KVLayout.V4 is a str enum with this value
+_V4_LAYOUT = "v4"  # SGLang's KVLayout.V4 is a str enum with this value (its members carry .value)
 
 
 def _refuse(keyword: str, value: object, why: str) -> None:
@@ -48,15 +50,10 @@ def _refuse(keyword: str, value: object, why: str) -> None:
 
 
 def check_sglang_store_keywords(
-    layout: object, kvcache_scale: object, rope_cache: object, fp4_k_write_metadata: object,
-    fp8_2buff: object, kvcache_rope: object,
+    kvcache_scale: object, rope_cache: object, fp4_k_write_metadata: object, fp8_2buff: object,
+    kvcache_rope: object,
 ) -> None:
     """Refuse SGLang store keywords flashcompress does not implement (``UnsupportedFeatureError``)."""
-    name = getattr(layout, "value", layout)  # a KVLayout member or its string
-    if not (isinstance(name, str) and name.lower() == _V4_LAYOUT):
-        _refuse("layout", layout, "the ratio-4 / 128 store implements only the V4 cache layout (584-byte "
-                "main-KV rows); flashcompress.compress_norm_rope_store has no layout= for the V4.1 layouts "
-                "(only the ratio-1 / 2 ops take them)")
     for keyword, value in (("kvcache_scale", kvcache_scale), ("rope_cache", rope_cache),
                            ("fp4_k_write_metadata", fp4_k_write_metadata)):
         if value is not None:
@@ -133,13 +130,15 @@ def compress_norm_rope_store(
 ) -> None:
     """SGLang 0.5.23's ``compress_norm_rope_store`` signature on ``flashcompress.compress_norm_rope_store``.
 
-    Keywords flashcompress does not implement raise ``UnsupportedFeatureError``
-    (module docstring).  Receiving the placeholder of a deferred
-    ``compress_forward`` runs both steps as ``flashcompress.compress_and_store``.
+    ``layout`` is passed on (its ``.value`` for SGLang's ``KVLayout``).  Keywords flashcompress
+    does not implement raise ``UnsupportedFeatureError`` (module docstring).  Receiving the
+    placeholder of a deferred ``compress_forward`` runs both steps as
+    ``flashcompress.compress_and_store``.
     """
-    check_sglang_store_keywords(layout, kvcache_scale, rope_cache, fp4_k_write_metadata, fp8_2buff, kvcache_rope)
+    check_sglang_store_keywords(kvcache_scale, rope_cache, fp4_k_write_metadata, fp8_2buff, kvcache_rope)
     store = dict(norm_weight=norm_weight, norm_eps=norm_eps, freq_cis=freq_cis, out_loc=out_loc,
-                 kvcache=kvcache, page_size=page_size, use_fp4=use_fp4, bf16_store=bf16_store)
+                 kvcache=kvcache, page_size=page_size, use_fp4=use_fp4, bf16_store=bf16_store,
+                 layout=getattr(layout, "value", layout))  # SGLang's KVLayout member -> its string
     deferred = _SCOPE.deferred
     if deferred is not None and kv is deferred.out and plan is deferred.plan:
         _SCOPE.deferred = None

@@ -24,23 +24,35 @@ Per stored row (fp32 throughout)::
       idx_fp8  128 e4m3 bytes + fp32 scale
       idx_fp4  64 bytes of e2m1 pairs + 4 ue8m0 group scales
       bf16     512 bf16 values, row ``dest`` of 1024-byte rows
+      the V4.1 layouts (``layout=``; spec store-and-jit.md §5.3-5.5), encoded by ``v41_quant.encode``
+      from ``y`` itself (no bf16 round trip, no fake quantisation):
+        v41 / v41_new          512 e4m3 (16 tiles of 32, ue8m0 exponents, no clip) + 16 exponent bytes
+        v41_fp4 / v41_fp4_new  256 bytes of RNE e2m1 pairs (32 tiles of 16, e4m3 scale of amax / 6,
+                               codes of y / scale) + 32 scale bytes
+        uniform_fp8            512 e4m3 (unit scale, clipped to +-448), no scales
+      bf16 rows with a V4.1 layout: ``y`` is rounded to bf16 before RoPE and the rotated dims again
+      after it (the peer's rounding to the row dtype; no-ops for fp32 rows)
 
-Addressing (block-split pages): with ``page = dest >> log2(P)`` and ``slot = dest & (P - 1)``, data bytes
-start at ``page * page_bytes + slot * data_bytes`` and scale bytes at
-``page * page_bytes + P * data_bytes + slot * scale_bytes``.  For the bf16 format this reduces to
-``dest * 1024``.
+Addressing (``fmt.addressing``): with ``page = dest >> log2(P)`` and ``slot = dest & (P - 1)``, block-split
+pages hold data bytes at ``page * page_bytes + slot * data_bytes`` and scale bytes at
+``page * page_bytes + P * data_bytes + slot * scale_bytes`` (bf16 rows: ``dest * 1024``); the interleaved
+``_new`` layouts hold a token's data at ``page * page_bytes + slot * bytes_per_token`` and its scales
+right after them.
 
 Arguments are not validated here; the public API does that.
 """
 
 from __future__ import annotations
 
+import functools
 import struct
 
 import torch
 
 from .. import layouts
 from ..layouts import CacheFormat
+from ..v41.layouts import KVLayout
+from . import v41_quant
 from .quant import bf16_bits, bf16_round, e2m1_threshold_codes, e4m3_codes, fma_f32, inv_ue8m0, ue8m0_ceil
 
 __all__ = ["norm_rope_store", "norm_factor", "rms_norm", "apply_rope", "hadamard128", "encode_rows"]
@@ -155,11 +167,18 @@ def _encode_bf16(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return _le_bytes(bf16_bits(y)), y.new_empty((y.shape[0], 0), dtype=torch.uint8)
 
 
+def _encode_kv_layout(layout: KVLayout, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return v41_quant.encode(y, y, layout)  # the store quantises y itself: q = u = y
+
+
+# the V4.1 layouts other than V4: their rows are rounded to the row dtype around RoPE
+_V41_LAYOUTS = {f.name: layout for layout, f in layouts.MAIN_FORMATS.items() if layout is not KVLayout.V4}
 _ENCODERS = {
     layouts.MAIN_V4.name: _encode_v4,
     layouts.INDEXER_FP8.name: _encode_idx_fp8,
     layouts.INDEXER_FP4.name: _encode_idx_fp4,
     layouts.BF16_ROWS.name: _encode_bf16,
+    **{name: functools.partial(_encode_kv_layout, layout) for name, layout in _V41_LAYOUTS.items()},
 }
 
 
@@ -195,18 +214,23 @@ def norm_rope_store(
     slots = dest.index_select(0, rows)
 
     y = rms_norm(x, w, norm_eps)
+    round_rows = kv.dtype == torch.bfloat16 and fmt.name in _V41_LAYOUTS
+    if round_rows:
+        y = bf16_round(y)
     y = apply_rope(y, freq_real.index_select(0, pos).to(_F32))
+    if round_rows:
+        y = bf16_round(y)  # the rotated dims (the others are bf16 already)
     if y.shape[1] == layouts.HADAMARD_DIM:
         y = hadamard128(y)
     data, scales = encode_rows(y, fmt)
 
     shift = page_size.bit_length() - 1  # page_size is a power of two
-    page_bytes = fmt.page_bytes(page_size)
+    addr = fmt.addressing(page_size)
     page, slot = slots >> shift, slots & (page_size - 1)
-    base = page * page_bytes
+    base = page * addr.page_bytes
     dev = kvcache.device
-    data_idx = (base + slot * fmt.data_bytes).unsqueeze(1) + torch.arange(data.shape[1], device=dev)
-    scale_idx = (base + page_size * fmt.data_bytes + slot * fmt.scale_bytes).unsqueeze(1) + torch.arange(
+    data_idx = (base + slot * addr.data_stride).unsqueeze(1) + torch.arange(data.shape[1], device=dev)
+    scale_idx = (base + addr.scale_base + slot * addr.scale_stride).unsqueeze(1) + torch.arange(
         scales.shape[1], device=dev
     )
     idx = torch.cat((data_idx, scale_idx), dim=1).reshape(-1)
