@@ -9,6 +9,7 @@
 #include "arch.cuh"
 #include "gpu_runtime.h"
 #include "quant.cuh"
+#include "v41_fast3_math.cuh"
 #include "v41_launch.h"
 #include "v41_quant.cuh"
 
@@ -120,15 +121,20 @@ __device__ __forceinline__ void load_weight(const uint16_t* weight, int lane, fl
   load_bf16x8(weight + 256 + 8 * lane, w[1]);
 }
 
-// latent = bf16((x * nf) * w) of a 512-dim row held as x[h][j] = dim 256 h + 8 lane + j (w likewise).
-__device__ __forceinline__ void rms_norm_row(float (&x)[2][8], const float (&w)[2][8], float eps) {
+// The RMSNorm factor nf of a 512-dim row held as x[h][j] = dim 256 h + 8 lane + j (every lane).
+__device__ __forceinline__ float row_norm_factor(const float (&x)[2][8], float eps) {
   const float p0 = torch_warp_partial(x[0]), p1 = torch_warp_partial(x[1]);
   float ss = shfl_idx(p0, 0, 32);
 #pragma unroll
   for (int k = 1; k < 4; ++k) ss = __fadd_rn(ss, shfl_idx(p0, 8 * k, 32));
 #pragma unroll
   for (int k = 0; k < 4; ++k) ss = __fadd_rn(ss, shfl_idx(p1, 8 * k, 32));
-  const float nf = norm_factor<kDim>(ss, eps);
+  return norm_factor<kDim>(ss, eps);
+}
+
+// latent = bf16((x * nf) * w) of a 512-dim row held as x[h][j] = dim 256 h + 8 lane + j (w likewise).
+__device__ __forceinline__ void rms_norm_row(float (&x)[2][8], const float (&w)[2][8], float eps) {
+  const float nf = row_norm_factor(x, eps);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -159,6 +165,21 @@ __device__ __forceinline__ uint32_t kv_scale_code(float raw) {
   return quant::e4m3_code(fminf(fmaxf(raw, kScaleMin), quant::kE4m3Max));
 }
 
+// kv_scale_code and the code's value: the software encoder and decoder, or (kHw, design fast3)
+// the hardware conversion and the exact bit placement of v41_fast3_math.cuh (the same code and
+// value for every raw).
+template <bool kHw>
+__device__ __forceinline__ uint32_t kv_scale_code_as(float raw) {
+  if constexpr (kHw) return v41q::scale_code_hw(raw);
+  return kv_scale_code(raw);
+}
+
+template <bool kHw>
+__device__ __forceinline__ float kv_scale_value(uint32_t code) {
+  if constexpr (kHw) return v41q::e4m3_value_pos(code);
+  return v41q::e4m3_value(code);
+}
+
 // u / s for a bf16-exact u and an e4m3 scale s in [2^-9, 448] (r = rn(1 / s)): the IEEE division
 // (base design) or v41q::div_by (fast design: two FMAs, the same e2m1 code for every such pair).
 template <bool kFast>
@@ -183,10 +204,10 @@ __device__ __forceinline__ float scale_recip(float s) {
 
 // Fake quantisation (spec §2.2) of one half row u (dims 256 h + 8 lane + j), in place:
 // q = e2m1(u / S + 0) * S, S per 16 dims (2 lanes).
-template <bool kFast>
+template <bool kFast, bool kHw = false>
 __device__ __forceinline__ void fake_quant_half(float (&u)[8]) {
   const float amax = lanes_max<2>(abs_max8(u));
-  const float s = v41q::e4m3_value(kv_scale_code(__fmul_rn(amax, kInvSix)));
+  const float s = kv_scale_value<kHw>(kv_scale_code_as<kHw>(__fmul_rn(amax, kInvSix)));
   const float r = scale_recip<kFast>(s);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -208,15 +229,15 @@ __device__ __forceinline__ uint64_t fp8x8(const float (&x)[8], float inv) {
 
 // Encode and store half h of the rotated row (u: dims 256 h + 8 lane + j; fp4 layouts) or of its
 // fake-quantised q (the others) at `slot`. Every lane of the warp must call it (the scale
-// reductions shuffle).
-template <V41Layout kLayout, bool kFast>
+// reductions shuffle). kHw: the scale bytes by kv_scale_code_as<true> (design fast3).
+template <V41Layout kLayout, bool kFast, bool kHw = false>
 __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& slot, int lane) {
   using T = LayoutTraits<kLayout>;
   if constexpr (T::kFp4) {
     const float amax = lanes_max<2>(abs_max8(u));  // bf16-exact, as u
     const uint32_t code =
-        kv_scale_code(scale_quotient<kFast>(amax, quant::kE2m1Max, scale_recip<kFast>(quant::kE2m1Max)));
-    const float s = v41q::e4m3_value(code);
+        kv_scale_code_as<kHw>(scale_quotient<kFast>(amax, quant::kE2m1Max, scale_recip<kFast>(quant::kE2m1Max)));
+    const float s = kv_scale_value<kHw>(code);
     const float r = scale_recip<kFast>(s);
     uint32_t word = 0;
 #pragma unroll
@@ -232,7 +253,7 @@ __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& sl
       *reinterpret_cast<uint32_t*>(slot.scales + 16 * h + lane / 2) = code | (c2 << 8) | (c4 << 16) | (c6 << 24);
     }
   } else {
-    fake_quant_half<kFast>(u);
+    fake_quant_half<kFast, kHw>(u);
     if constexpr (T::kFp8Tiles) {
       const uint32_t bits = quant::float_bits(lanes_max<4>(abs_max8(u)));
       int32_t e = static_cast<int32_t>(bits >> 23) - 8 + ((bits & 0x7FFFFFu) > 0x600000u ? 1 : 0);

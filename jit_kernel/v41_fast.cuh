@@ -20,6 +20,9 @@
 //     chains of a lane), so the 16 channels of a lane overlap.
 // Design fast2 (kFast2): fast, plus two warps per row (one 64-thread block, warp h holding half h)
 // for decode-sized c1 and c2 decode / verify launches (c1_split_kernel, c2_split_kernel).
+// Design fast3 (kFast3): fast2's launches and kernels; the wide c1 / c2 kernels and the c2
+// prefill pool pass with the row arithmetic of v41_fast3.cuh (the kernels' `kDesign` parameter:
+// kFast for fast and fast2, kFast3 for fast3; the split kernels are fast2's).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,7 @@
 #include "ptx.cuh"
 #include "quant.cuh"
 #include "v41_common.cuh"
+#include "v41_fast3.cuh"
 #include "v41_launch.h"
 #include "v41_quant.cuh"
 
@@ -149,9 +153,22 @@ __device__ __forceinline__ void load_rope(const V41Args& a, int64_t rope_pos, bo
   if (live && lane >= 24) ld_f32x8<kEarly>(a.freq + rope_pos * 64 + 8 * (lane - 24), cs);
 }
 
+// Norm, publish, RoPE, encode and store of a loaded row: rms_norm_row + finish_row_loaded (kFast)
+// or their fast3 arithmetic (kFast3).
+template <V41Layout kLayout, V41Design kDesign>
+__device__ __forceinline__ void norm_finish(float (&x)[2][8], const float (&w)[2][8], const float (&cs)[8],
+                                            const V41Args& a, int64_t row, int64_t loc, int lane) {
+  if constexpr (kDesign == V41Design::kFast3) {
+    norm_finish_fast3<kLayout>(x, w, cs, a, row, loc, lane);
+  } else {
+    rms_norm_row(x, w, a.eps);
+    finish_row_loaded<kLayout>(x, cs, a, row, loc, lane);
+  }
+}
+
 // Fast design: rows per block = blockDim.x / 32 (the launcher picks it); the RoPE row is loaded
 // as soon as the position arrives, so its round trip overlaps the norm.
-template <V41Layout kLayout, bool kEarly>
+template <V41Layout kLayout, bool kEarly, V41Design kDesign>
 __global__ void __launch_bounds__(kFastMaxThreads) c1_fast_kernel(const V41Args a) {
   pdl_enter<true>();
   const int lane = threadIdx.x & 31;
@@ -167,8 +184,7 @@ __global__ void __launch_bounds__(kFastMaxThreads) c1_fast_kernel(const V41Args 
   ld_bf16x8<kEarly>(in + 8 * lane, x[0]);
   ld_bf16x8<kEarly>(in + 256 + 8 * lane, x[1]);
   load_rope<kEarly>(a, pos, loc > 0, lane, cs);
-  rms_norm_row(x, w, a.eps);
-  finish_row_loaded<kLayout>(x, cs, a, row, loc > 0 ? loc : -1, lane);
+  norm_finish<kLayout, kDesign>(x, w, cs, a, row, loc > 0 ? loc : -1, lane);
 }
 
 // RMSNorm of a row split over the two warps of a block (warp h: half h): the eight torch warp
@@ -251,6 +267,15 @@ __device__ __forceinline__ float pair_weight(float d) {
   return small ? e : (a >= 104.0f ? 0.0f : a);
 }
 
+// Fast3: pair_weight's value for every d. The exp runs on min(|d|, 104) (fminf: NaN -> 104), whose
+// result is already pair_weight's for |d| >= 104 (fp32(exp(-104)) = +0, host check), and
+// max.NaN(e, -|d|) is e (>= 0 >= -|d|) except for a NaN d, which it returns as a NaN.
+__device__ __forceinline__ float pair_weight_fast3(float d) {
+  const float a = fabsf(d);
+  const float e = static_cast<float>(exp_libdevice_small(-static_cast<double>(fminf(a, 104.0f))));
+  return max_nan(e, -a);
+}
+
 // rcp.approx (relative error < 2^-22 on [1, 2]).
 __device__ __forceinline__ float rcp_approx(float d) {
 #if FC_GPU_HIP
@@ -269,12 +294,14 @@ __device__ __forceinline__ float rcp_approx(float d) {
 // bf16 rounding boundary (low 16 bits near 0x8000); that case, and any num outside
 // [2^-100, 2^101) (zeros, subnormals, inf, NaN: no ulp bound), takes the IEEE division.
 // One half row (8 channels per lane); k1 gets the pooled bf16 values, s1 and k0 are scratch.
+// kDesign: the pair weight of kFast (pair_weight) or kFast3 (pair_weight_fast3).
+template <V41Design kDesign = V41Design::kFast>
 __device__ __forceinline__ void pool_half_fast(float (&k1)[8], float (&s1)[8], float (&k0)[8], const float (&s0)[8]) {
   // pass 1: numerator (into k1) and denominator (into s1) of every channel, as pool_pair
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float d = __fsub_rn(s0[j], s1[j]);
-    const float e = pair_weight(d);
+    const float e = kDesign == V41Design::kFast3 ? pair_weight_fast3(d) : pair_weight(d);
     const bool first = d > 0.0f;
     const float a0 = first ? 1.0f : e, a1 = first ? e : 1.0f;
     k1[j] = __fmaf_rn(k0[j], a0, __fmul_rn(k1[j], a1));
@@ -302,10 +329,11 @@ __device__ __forceinline__ void pool_half_fast(float (&k1)[8], float (&s1)[8], f
   for (int j = 0; j < 8; ++j) k1[j] = k0[j];
 }
 
+template <V41Design kDesign = V41Design::kFast>
 __device__ __forceinline__ void pool_pair_fast(float (&k1)[2][8], float (&s1)[2][8], float (&k0)[2][8],
                                                const float (&s0)[2][8]) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) pool_half_fast(k1[h], s1[h], k0[h], s0[h]);
+  for (int h = 0; h < 2; ++h) pool_half_fast<kDesign>(k1[h], s1[h], k0[h], s0[h]);
 }
 
 // (pos - back) mod ring, non-negative; a power-of-two ring (the usual 2 / 4 / 8) takes a mask.
@@ -328,7 +356,7 @@ __device__ __forceinline__ void store_pair_row(float* p, int lane, const float (
 // metadata, the row, the weight and (inside a verify block) the previous input row are one burst
 // after the wait; an even row parks the row it holds; an odd row's ring partner and RoPE row are
 // the second (and last) group.
-template <V41Layout kLayout, bool kEarly>
+template <V41Layout kLayout, bool kEarly, V41Design kDesign>
 __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_fast_kernel(const V41Args a) {
   pdl_enter<true>();
   const int lane = threadIdx.x & 31;
@@ -370,9 +398,8 @@ __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_fast_ker
       ld_f32x8<kEarly>(ring + kDim + 256 * h + 8 * lane, s0[h]);
     }
   }
-  pool_pair_fast(k1, s1, k0, s0);
-  rms_norm_row(k1, w, a.eps);
-  finish_row_loaded<kLayout>(k1, cs, a, row, raw >> 1, lane);
+  pool_pair_fast<kDesign>(k1, s1, k0, s0);
+  norm_finish<kLayout, kDesign>(k1, w, cs, a, row, raw >> 1, lane);
 }
 
 // Design fast2, decode-sized c2 decode / verify launches: two warps per row (one 64-thread block),
@@ -421,7 +448,7 @@ __global__ void __launch_bounds__(64) c2_split_kernel(const V41Args a) {
 // parks. The metadata of rows 2w - 1 .. 2w + 1 is one burst; then each odd, non-padded row of
 // the two loads its row, its partner (the previous input row if same request, previous position
 // and not padded, else the ring row of pos - 1) and its RoPE row, and pools, norms and stores.
-template <V41Layout kLayout>
+template <V41Layout kLayout, V41Design kDesign>
 __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_prefill_fast_kernel(const V41Args a) {
   pdl_enter<true>();
   const int lane = threadIdx.x & 31;
@@ -454,9 +481,8 @@ __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_prefill_
                   lane, k0, s0);
     load_weight(a.norm_weight, lane, w);
     load_rope(a, r_pos - 1, (r_raw >> 1) >= 0, lane, cs);
-    pool_pair_fast(k1, s1, k0, s0);
-    rms_norm_row(k1, w, a.eps);
-    finish_row_loaded<kLayout>(k1, cs, a, row, r_raw >> 1, lane);
+    pool_pair_fast<kDesign>(k1, s1, k0, s0);
+    norm_finish<kLayout, kDesign>(k1, w, cs, a, row, r_raw >> 1, lane);
   }
 }
 
