@@ -208,11 +208,13 @@ template <bool kFast, bool kHw = false>
 __device__ __forceinline__ void fake_quant_half(float (&u)[8]) {
   const float amax = lanes_max<2>(abs_max8(u));
   const float s = kv_scale_value<kHw>(kv_scale_code_as<kHw>(__fmul_rn(amax, kInvSix)));
-  const float r = scale_recip<kFast>(s);
+  const float r = kHw ? recip_e4m3_fast3(s) : scale_recip<kFast>(s);
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     float grid;
-    if constexpr (kFast) {
+    if constexpr (kHw) {
+      grid = v41q::fake_quant_grid_fast3(u[j], s, r);
+    } else if constexpr (kFast) {
       grid = v41q::fake_quant_grid(u[j], s, r);
     } else {
       grid = v41q::e2m1_value(v41q::e2m1_rne(__fadd_rn(__fdiv_rn(u[j], s), 0.0f)));
@@ -229,7 +231,8 @@ __device__ __forceinline__ uint64_t fp8x8(const float (&x)[8], float inv) {
 
 // Encode and store half h of the rotated row (u: dims 256 h + 8 lane + j; fp4 layouts) or of its
 // fake-quantised q (the others) at `slot`. Every lane of the warp must call it (the scale
-// reductions shuffle). kHw: the scale bytes by kv_scale_code_as<true> (design fast3).
+// reductions shuffle). kHw (design fast3): the scale bytes by kv_scale_code_as<true>, their
+// reciprocals by recip_e4m3_fast3, the fake-quant grid by v41q::fake_quant_grid_fast3.
 template <V41Layout kLayout, bool kFast, bool kHw = false>
 __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& slot, int lane) {
   using T = LayoutTraits<kLayout>;
@@ -238,7 +241,7 @@ __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& sl
     const uint32_t code =
         kv_scale_code_as<kHw>(scale_quotient<kFast>(amax, quant::kE2m1Max, scale_recip<kFast>(quant::kE2m1Max)));
     const float s = kv_scale_value<kHw>(code);
-    const float r = scale_recip<kFast>(s);
+    const float r = kHw ? recip_e4m3_fast3(s) : scale_recip<kFast>(s);
     uint32_t word = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {

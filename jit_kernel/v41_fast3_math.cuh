@@ -11,11 +11,22 @@
 //                      kv_scale_code of v41_common.cuh): one cvt.rn.satfinite.e4m3x2.f32 on
 //                      sm_89+ (quant.cuh: the hardware conversion has the software encoder's
 //                      semantics for every input), the software encoder elsewhere.
+//   recip_refine(s, r0) rn(1 / s) for a positive e4m3 value s in [2^-9, 448] from any r0 within
+//                      2 ulps of 1 / s (rcp.approx.f32: at most 1 ulp): one Newton step in two
+//                      FMAs (v41q::recip_e4m3's value without its select tree).
+//   fake_quant_grid_fast3(u, s, r)  v41q::fake_quant_grid with the sign of q0 = u r + 0 (u r but
+//                      +0 for u = -0) copied onto the grid magnitude by one bit operation instead
+//                      of a compare and select:
+//                      equal to it for every u but NaNs with the sign bit set, which the kernels
+//                      never pass (their u come out of cvt.rn.bf16x2, whose NaN is +0x7FFF).
 //   max_nan(a, b)      max.NaN.f32: NaN if either is NaN, else fmaxf.
-// Host check of e4m3_value_pos against v41q::e4m3_value for every such code, and of the pair
-// weight's clamp (fp32(exp(-104)) = +0): tests/native/v41_fast3_host.cpp.
+// Host checks (tests/native/v41_fast3_host.cpp): e4m3_value_pos against v41q::e4m3_value for
+// every such code; recip_refine for every e4m3 s in [2^-9, 448] and every r0 within 2 ulps;
+// fake_quant_grid_fast3 against fake_quant_grid for every bf16 u (but negative NaNs) and every
+// such s; the pair weight's clamp (fp32(exp(-104)) = +0).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "quant.cuh"
@@ -44,9 +55,50 @@ FC_QUANT_FN uint32_t scale_code_hw(float x) {
 #endif
 }
 
+FC_QUANT_FN float recip_refine(float s, float r0) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(r0, __fmaf_rn(-s, r0, 1.0f), r0);
+#else
+  return std::fma(r0, std::fma(-s, r0, 1.0f), r0);
+#endif
+}
+
+FC_QUANT_FN float fake_quant_grid_fast3(float u, float s, float r) {
+  // q0 = u r + 0 (= u r but for u = -0, where it is +0: fake_quant_grid's "q0 < 0" is false there)
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmaf_rn(u, r, 0.0f);
+  const float q = __fmaf_rn(__fmaf_rn(-q0, s, u), r, q0);
+#else
+  const float q0 = std::fma(u, r, 0.0f);
+  const float q = std::fma(std::fma(-q0, s, u), r, q0);
+#endif
+  const float a = fabsf(q);
+  const float c = a < 2.0f ? 4194304.0f : (a < 4.0f ? 8388608.0f : 16777216.0f);
+#if defined(__CUDA_ARCH__)
+  const float m = fminf(__fadd_rn(__fadd_rn(a, c), -c), 6.0f);
+#else
+  const volatile float sum = a + c;
+  const float m = fminf(sum - c, 6.0f);
+#endif
+  return quant::bits_float(quant::float_bits(m) | (quant::float_bits(q0) & 0x80000000u));
+}
+
 }  // namespace v41q
 
 namespace v41 {
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+// rn(1 / s) of a positive e4m3 scale s in [2^-9, 448] (v41q::recip_e4m3's value).
+__device__ __forceinline__ float recip_e4m3_fast3(float s) {
+#if defined(__CUDA_ARCH__)
+  float r0;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r0) : "f"(s));
+  return v41q::recip_refine(s, r0);
+#else
+  return v41q::recip_e4m3(s);
+#endif
+}
+#endif
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 __device__ __forceinline__ float max_nan(float a, float b) {

@@ -124,9 +124,11 @@ def test_fast_division_free_quantisation_is_exact(tmp_path: Path) -> None:
 @pytest.mark.nvcc
 @requires_nvcc
 def test_fast3_primitives_are_exact(tmp_path: Path) -> None:
-    """Design fast3's e4m3 scale value (bit placement + one multiply) equals ``v41q::e4m3_value`` on
-    every non-negative e4m3 code, and the pair weight's clamp at |d| = 104 gives +0 (fp32(exp(-104)),
-    libdevice's path and glibc): tests/native/v41_fast3_host.cpp."""
+    """Design fast3's scalar primitives equal the other designs' (tests/native/v41_fast3_host.cpp):
+    the e4m3 scale value (bit placement + one multiply) on every non-negative e4m3 code, the scale
+    reciprocal (one Newton step from any estimate within 2 ulps) on every e4m3 scale, the fake-quant
+    grid with its copied sign on every bf16 input and scale, and the pair weight's clamp at
+    |d| = 104 (+0: fp32(exp(-104)), libdevice's path and glibc)."""
     cxx = shutil.which(os.environ.get("CXX") or "c++")
     exe = tmp_path / "v41_fast3_host"
     subprocess.run([cxx, "-std=c++17", "-O2", "-ffp-contract=off", f"-I{REPO / 'jit_kernel'}",
@@ -134,7 +136,8 @@ def test_fast3_primitives_are_exact(tmp_path: Path) -> None:
                    text=True)
     res = subprocess.run([str(exe)], capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "value_bad 0 clamp_ok 1" in res.stdout, res.stdout
+    assert "value_bad 0 clamp_ok 1" in res.stdout and "recip_bad 0" in res.stdout and " grid_bad 0" in res.stdout, \
+        res.stdout
 
 
 @pytest.mark.nvcc
