@@ -223,9 +223,14 @@ __device__ __forceinline__ void fake_quant_half(float (&u)[8]) {
   }
 }
 
+// kNoNan (design fast3): x * inv is never NaN (fake-quant values), so v41q::pack_fp8x4_no_nan.
+template <bool kNoNan = false>
 __device__ __forceinline__ uint64_t fp8x8(const float (&x)[8], float inv) {
-  const uint32_t lo = quant::pack_fp8x4(__fmul_rn(x[0], inv), __fmul_rn(x[1], inv), __fmul_rn(x[2], inv), __fmul_rn(x[3], inv));
-  const uint32_t hi = quant::pack_fp8x4(__fmul_rn(x[4], inv), __fmul_rn(x[5], inv), __fmul_rn(x[6], inv), __fmul_rn(x[7], inv));
+  const auto pack = [](float a, float b, float c, float d) {
+    return kNoNan ? v41q::pack_fp8x4_no_nan(a, b, c, d) : quant::pack_fp8x4(a, b, c, d);
+  };
+  const uint32_t lo = pack(__fmul_rn(x[0], inv), __fmul_rn(x[1], inv), __fmul_rn(x[2], inv), __fmul_rn(x[3], inv));
+  const uint32_t hi = pack(__fmul_rn(x[4], inv), __fmul_rn(x[5], inv), __fmul_rn(x[6], inv), __fmul_rn(x[7], inv));
   return static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
 }
 
@@ -262,7 +267,7 @@ __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& sl
       int32_t e = static_cast<int32_t>(bits >> 23) - 8 + ((bits & 0x7FFFFFu) > 0x600000u ? 1 : 0);
       e = e < static_cast<int32_t>(kV41MinExponent) ? static_cast<int32_t>(kV41MinExponent) : e;
       const uint32_t ue = static_cast<uint32_t>(e);
-      *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u, quant::inv_ue8m0(ue));
+      *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8<kHw>(u, quant::inv_ue8m0(ue));
       // tile 8 h + lane / 4; lanes 16 g gather four tiles
       const uint32_t e4 = shfl_idx(ue, (lane + 4) & 31, 32), e8 = shfl_idx(ue, (lane + 8) & 31, 32),
                      e12 = shfl_idx(ue, (lane + 12) & 31, 32);
@@ -270,7 +275,7 @@ __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& sl
         *reinterpret_cast<uint32_t*>(slot.scales + 8 * h + lane / 4) = ue | (e4 << 8) | (e8 << 16) | (e12 << 24);
       }
     } else if constexpr (kLayout == V41Layout::kUniformFp8) {
-      *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u, 1.0f);
+      *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8<kHw>(u, 1.0f);
     } else {  // V4: 7 tiles of 64 e4m3 + 64 bf16 RoPE dims; scale byte 7 untouched
       // amax: a fake-quant value (bf16-exact, >= 2^-10 when not 0) or the floor 1e-4f, so the
       // fast design's division is exact (host check)
@@ -279,7 +284,7 @@ __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& sl
           scale_quotient<kFast>(amax, quant::kE4m3Max, scale_recip<kFast>(quant::kE4m3Max)));
       const bool rope = h == 1 && lane >= 24;
       if (!rope) {
-        *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u, quant::inv_ue8m0(ue));
+        *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8<kHw>(u, quant::inv_ue8m0(ue));
         if ((lane & 7) == 0) slot.scales[4 * h + lane / 8] = static_cast<uint8_t>(ue);
       } else {
         uint4 v;

@@ -19,6 +19,9 @@
 //                      of a compare and select:
 //                      equal to it for every u but NaNs with the sign bit set, which the kernels
 //                      never pass (their u come out of cvt.rn.bf16x2, whose NaN is +0x7FFF).
+//   pack_fp8x4_no_nan(a, b, c, d)  quant::pack_fp8x4 for non-NaN inputs (the kernels' fake-quant
+//                      values times a power of two): on sm_89+ the two conversions without the
+//                      fminf that maps a NaN to 448 (satfinite clamps +-inf to +-448 as clip448).
 //   max_nan(a, b)      max.NaN.f32: NaN if either is NaN, else fmaxf.
 // Host checks (tests/native/v41_fast3_host.cpp): e4m3_value_pos against v41q::e4m3_value for
 // every such code; recip_refine for every e4m3 s in [2^-9, 448] and every r0 within 2 ulps;
@@ -52,6 +55,17 @@ FC_QUANT_FN uint32_t scale_code_hw(float x) {
   return pair & 0xFFu;
 #else
   return quant::e4m3_code(c);
+#endif
+}
+
+FC_QUANT_FN uint32_t pack_fp8x4_no_nan(float a, float b, float c, float d) {
+#if FC_QUANT_HW_E4M3
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));  // first source -> upper byte
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+#else
+  return quant::pack_fp8x4(a, b, c, d);
 #endif
 }
 
