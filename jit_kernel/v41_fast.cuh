@@ -287,6 +287,34 @@ __device__ __forceinline__ float rcp_approx(float d) {
 #endif
 }
 
+// Fast3 of pool_half_fast's pass 2 (the same quotients and fallback): |num| outside [2^-100, 2^101)
+// (NaN included) by two compares of the magnitude instead of extracting the biased exponent, and
+// the bf16 rounding two values per cvt.rn.bf16x2 (the same RNE). k0[j] = bf16(k1[j] / s1[j]).
+__device__ __forceinline__ void pool_quotients_fast3(const float (&k1)[8], const float (&s1)[8], float (&k0)[8]) {
+  bool exact = false;
+  float q[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float num = k1[j], den = s1[j];
+    const float r = rcp_approx(den);
+    const float q0 = __fmul_rn(num, r);
+    q[j] = __fmaf_rn(__fmaf_rn(-q0, den, num), r, q0);
+    const bool out_of_range = !(fabsf(num) >= 0x1p-100f && fabsf(num) < 0x1p101f);
+    const bool near_tie = (quant::float_bits(q[j]) & 0xFFFFu) - 0x7FFCu <= 8u;
+    exact |= out_of_range | near_tie;
+  }
+  if (exact) {  // rare: the IEEE division for the lane's 8 channels
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q[j] = __fdiv_rn(k1[j], s1[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) {
+    const uint32_t w = quant::bf16x2_bits(q[j], q[j + 1]);
+    k0[j] = quant::bf16x2_lo(w);
+    k0[j + 1] = quant::bf16x2_hi(w);
+  }
+}
+
 // Fast design of pool_pair: the same bf16 results without an IEEE division per channel. With
 // d = 1 + e in [1, 2] and r ~ 1 / d (rel. error < 2^-22), q0 = num r and q = q0 + (num - q0 d) r
 // (FMAs) is within 0.5 ulp + 2^-40 ulp of num / d, so q is rn(num / d) or one of its fp32
@@ -309,21 +337,25 @@ __device__ __forceinline__ void pool_half_fast(float (&k1)[8], float (&s1)[8], f
   }
   // pass 2: the quotients (into k0)
   bool exact = false;
+  if constexpr (kDesign == V41Design::kFast3) {
+    pool_quotients_fast3(k1, s1, k0);
+  } else {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float num = k1[j], den = s1[j];
-    const float r = rcp_approx(den);
-    const float q0 = __fmul_rn(num, r);
-    const float q = __fmaf_rn(__fmaf_rn(-q0, den, num), r, q0);
-    const uint32_t nb = quant::float_bits(num), qb = quant::float_bits(q);
-    const bool out_of_range = ((nb >> 23) & 0xFFu) - 27u > 200u;  // biased exponent outside [27, 227]
-    const bool near_tie = (qb & 0xFFFFu) - 0x7FFCu <= 8u;
-    exact |= out_of_range | near_tie;  // | (not ||): no branch per channel
-    k0[j] = quant::bf16_round(q);
-  }
-  if (exact) {  // rare: the IEEE division for the lane's 8 channels
+    for (int j = 0; j < 8; ++j) {
+      const float num = k1[j], den = s1[j];
+      const float r = rcp_approx(den);
+      const float q0 = __fmul_rn(num, r);
+      const float q = __fmaf_rn(__fmaf_rn(-q0, den, num), r, q0);
+      const uint32_t nb = quant::float_bits(num), qb = quant::float_bits(q);
+      const bool out_of_range = ((nb >> 23) & 0xFFu) - 27u > 200u;  // biased exponent outside [27, 227]
+      const bool near_tie = (qb & 0xFFFFu) - 0x7FFCu <= 8u;
+      exact |= out_of_range | near_tie;  // | (not ||): no branch per channel
+      k0[j] = quant::bf16_round(q);
+    }
+    if (exact) {  // rare: the IEEE division for the lane's 8 channels
 #pragma unroll
-    for (int j = 0; j < 8; ++j) k0[j] = quant::bf16_round(__fdiv_rn(k1[j], s1[j]));
+      for (int j = 0; j < 8; ++j) k0[j] = quant::bf16_round(__fdiv_rn(k1[j], s1[j]));
+    }
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j) k1[j] = k0[j];
