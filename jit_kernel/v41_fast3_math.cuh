@@ -14,9 +14,10 @@
 //   recip_refine(s, r0) rn(1 / s) for a positive e4m3 value s in [2^-9, 448] from any r0 within
 //                      2 ulps of 1 / s (rcp.approx.f32: at most 1 ulp): one Newton step in two
 //                      FMAs (v41q::recip_e4m3's value without its select tree).
-//   fake_quant_grid_fast3(u, s, r)  v41q::fake_quant_grid with the sign of q0 = u r + 0 (u r but
-//                      +0 for u = -0) copied onto the grid magnitude by one bit operation instead
-//                      of a compare and select:
+//   fake_quant_grid_fast3(u, s, r)  v41q::fake_quant_grid with the rounding constant read off
+//                      max(|q|, 1) 2^22 (a max, a multiply and a mask instead of two compares and
+//                      selects) and the sign of q0 = u r + 0 (u r but +0 for u = -0) copied onto
+//                      the grid magnitude by one bit operation instead of a compare and select:
 //                      equal to it for every u but NaNs with the sign bit set, which the kernels
 //                      never pass (their u come out of cvt.rn.bf16x2, whose NaN is +0x7FFF).
 //   pack_fp8x4_no_nan(a, b, c, d)  quant::pack_fp8x4 for non-NaN inputs (the kernels' fake-quant
@@ -87,10 +88,15 @@ FC_QUANT_FN float fake_quant_grid_fast3(float u, float s, float r) {
   const float q = std::fma(std::fma(-q0, s, u), r, q0);
 #endif
   const float a = fabsf(q);
-  const float c = a < 2.0f ? 4194304.0f : (a < 4.0f ? 8388608.0f : 16777216.0f);
+  // c = 2^22 2^floor(log2(max(a, 1))): ulp(c) is the grid step at a (0.5 below 2, 1 on [2, 4),
+  // 2 on [4, 8), larger where only the clamp at 6 matters; +inf past 2^105, where a + c - c is
+  // NaN and the clamp gives 6, as for a NaN a, whose max with 1 is 1)
 #if defined(__CUDA_ARCH__)
+  const float c = quant::bits_float(quant::float_bits(__fmul_rn(fmaxf(a, 1.0f), 4194304.0f)) & 0x7F800000u);
   const float m = fminf(__fadd_rn(__fadd_rn(a, c), -c), 6.0f);
 #else
+  const volatile float scaled = fmaxf(a, 1.0f) * 4194304.0f;
+  const float c = quant::bits_float(quant::float_bits(scaled) & 0x7F800000u);
   const volatile float sum = a + c;
   const float m = fminf(sum - c, 6.0f);
 #endif
