@@ -223,6 +223,17 @@ __device__ __forceinline__ void fake_quant_half(float (&u)[8]) {
   }
 }
 
+// Design fast3, fp8 tile layouts: fake_quant_half's grid values g into u (the fake-quant values
+// are g s, each exact: g has 2 significant bits, s 4, |g s| in [2^-10, 2688] or 0); returns s.
+__device__ __forceinline__ float fake_quant_grid_half(float (&u)[8]) {
+  const float amax = lanes_max<2>(abs_max8(u));
+  const float s = kv_scale_value<true>(kv_scale_code_as<true>(__fmul_rn(amax, kInvSix)));
+  const float r = recip_e4m3_fast3(s);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) u[j] = v41q::fake_quant_grid_fast3(u[j], s, r);
+  return s;
+}
+
 // kNoNan (design fast3): x * inv is never NaN (fake-quant values), so v41q::pack_fp8x4_no_nan.
 template <bool kNoNan = false>
 __device__ __forceinline__ uint64_t fp8x8(const float (&x)[8], float inv) {
@@ -261,13 +272,25 @@ __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& sl
       *reinterpret_cast<uint32_t*>(slot.scales + 16 * h + lane / 2) = code | (c2 << 8) | (c4 << 16) | (c6 << 24);
     }
   } else {
-    fake_quant_half<kFast, kHw>(u);
+    // kGrid (fast3, tile layouts): u keeps the grid values g and qs their scale s (the fake-quant
+    // values are g s): the lane's max |g s| is s max |g| (s > 0, exact products) and the fp8
+    // operand g s 2^-k is g (s 2^-k) (s 2^-k and g s 2^-k are normal for every scale of these
+    // layouts: exact), one multiply per value instead of two. Otherwise u holds g s.
+    constexpr bool kGrid = kHw && kLayout != V41Layout::kUniformFp8;
+    float qs = 1.0f;
+    if constexpr (kGrid) {
+      qs = fake_quant_grid_half(u);
+    } else {
+      fake_quant_half<kFast, kHw>(u);
+    }
+    const float lane_max = kGrid ? __fmul_rn(abs_max8(u), qs) : abs_max8(u);
+    const auto fp8_scale = [qs](float inv) { return kGrid ? __fmul_rn(qs, inv) : inv; };
     if constexpr (T::kFp8Tiles) {
-      const uint32_t bits = quant::float_bits(lanes_max<4>(abs_max8(u)));
+      const uint32_t bits = quant::float_bits(lanes_max<4>(lane_max));
       int32_t e = static_cast<int32_t>(bits >> 23) - 8 + ((bits & 0x7FFFFFu) > 0x600000u ? 1 : 0);
       e = e < static_cast<int32_t>(kV41MinExponent) ? static_cast<int32_t>(kV41MinExponent) : e;
       const uint32_t ue = static_cast<uint32_t>(e);
-      *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8<kHw>(u, quant::inv_ue8m0(ue));
+      *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8<kHw>(u, fp8_scale(quant::inv_ue8m0(ue)));
       // tile 8 h + lane / 4; lanes 16 g gather four tiles
       const uint32_t e4 = shfl_idx(ue, (lane + 4) & 31, 32), e8 = shfl_idx(ue, (lane + 8) & 31, 32),
                      e12 = shfl_idx(ue, (lane + 12) & 31, 32);
@@ -279,19 +302,20 @@ __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& sl
     } else {  // V4: 7 tiles of 64 e4m3 + 64 bf16 RoPE dims; scale byte 7 untouched
       // amax: a fake-quant value (bf16-exact, >= 2^-10 when not 0) or the floor 1e-4f, so the
       // fast design's division is exact (host check)
-      const float amax = fmaxf(lanes_max<8>(abs_max8(u)), kAmaxFloor);
+      const float amax = fmaxf(lanes_max<8>(lane_max), kAmaxFloor);
       const uint32_t ue = quant::ue8m0_ceil(
           scale_quotient<kFast>(amax, quant::kE4m3Max, scale_recip<kFast>(quant::kE4m3Max)));
       const bool rope = h == 1 && lane >= 24;
       if (!rope) {
-        *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8<kHw>(u, quant::inv_ue8m0(ue));
+        *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8<kHw>(u, fp8_scale(quant::inv_ue8m0(ue)));
         if ((lane & 7) == 0) slot.scales[4 * h + lane / 8] = static_cast<uint8_t>(ue);
       } else {
+        const auto q = [&u, qs](int j) { return kGrid ? __fmul_rn(u[j], qs) : u[j]; };
         uint4 v;
-        v.x = quant::bf16x2_bits(u[0], u[1]);
-        v.y = quant::bf16x2_bits(u[2], u[3]);
-        v.z = quant::bf16x2_bits(u[4], u[5]);
-        v.w = quant::bf16x2_bits(u[6], u[7]);
+        v.x = quant::bf16x2_bits(q(0), q(1));
+        v.y = quant::bf16x2_bits(q(2), q(3));
+        v.z = quant::bf16x2_bits(q(4), q(5));
+        v.w = quant::bf16x2_bits(q(6), q(7));
         *reinterpret_cast<uint4*>(slot.data + 448 + 16 * (lane - 24)) = v;
       }
     }
