@@ -165,6 +165,23 @@ def test_fast3_uses_the_hardware_scale_conversion(tmp_path: Path) -> None:
     assert pool3.count("max.NaN.f32") == 16 and "max.NaN.f32" not in pool2
 
 
+def test_ptxas_report_hot_path_skips_slow_blocks() -> None:
+    """``ptxas_report.hot_path`` (the ``hot`` column of ``--sass``): a predicated branch over a short
+    block with a CALL (a slow path) is taken, one over ordinary code is not, BRA.DIV and a
+    predicated EXIT are not taken, an unconditional branch is followed to the final EXIT."""
+    from _jit_helpers import ptxas_report
+
+    def ins(op: str, pred: bool = False, rest: str = "") -> tuple[str, str, bool, str]:
+        return ("I", op, pred, rest)
+
+    items = [ins("S2R"), ins("BRA", True, " `(.L_x_0)"), ins("MOV"), ins("CALL.REL.NOINC"), ("L", ".L_x_0", False, ""),
+             ins("BRA.DIV", False, " UR4, `(.L_x_2)"), ins("EXIT", True), ins("BRA", True, " `(.L_x_1)"), ins("FADD"),
+             ("L", ".L_x_1", False, ""), ins("BRA", False, " `(.L_x_3)"), ("L", ".L_x_2", False, ""), ins("SHFL.IDX"),
+             ("L", ".L_x_3", False, ""), ins("EXIT")]
+    # S2R, BRA (taken over the slow block), BRA.DIV, @P EXIT, BRA (not taken), FADD, BRA, EXIT
+    assert ptxas_report().hot_path(items) == 8
+
+
 @pytest.mark.nvcc
 @requires_nvcc
 def test_pair_weight_exp_matches_glibc(tmp_path: Path) -> None:
