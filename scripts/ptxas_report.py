@@ -70,7 +70,7 @@ def hot_path(items: list[tuple[str, str, bool, str]]) -> int:
         if op.startswith(("EXIT", "RET")) and not pred:
             return n
         target = _TARGET.search(rest) if op.startswith("BRA") and not op.startswith("BRA.DIV") else None
-        if target is None:
+        if target is None or target.group(1) not in labels:
             i += 1
             continue
         t = labels[target.group(1)]
