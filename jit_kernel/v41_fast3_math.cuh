@@ -12,8 +12,8 @@
 //                      sm_89+ (quant.cuh: the hardware conversion has the software encoder's
 //                      semantics for every input), the software encoder elsewhere.
 //   recip_refine(s, r0) rn(1 / s) for a positive e4m3 value s in [2^-9, 448] from any r0 within
-//                      2 ulps of 1 / s (rcp.approx.f32: at most 1 ulp): one Newton step in two
-//                      FMAs (v41q::recip_e4m3's value without its select tree).
+//                      16 ulps of it (rcp.approx.f32: relative error < 2^-22, 4 ulps): one Newton
+//                      step in two FMAs (v41q::recip_e4m3's value without its select tree).
 //   fake_quant_grid_fast3(u, s, r)  v41q::fake_quant_grid with the rounding constant read off
 //                      max(|q|, 1) 2^22 (a max, a multiply and a mask instead of two compares and
 //                      selects) and the sign of q0 = u r + 0 (u r but +0 for u = -0) copied onto
@@ -25,7 +25,7 @@
 //                      fminf that maps a NaN to 448 (satfinite clamps +-inf to +-448 as clip448).
 //   max_nan(a, b)      max.NaN.f32: NaN if either is NaN, else fmaxf.
 // Host checks (tests/native/v41_fast3_host.cpp): e4m3_value_pos against v41q::e4m3_value for
-// every such code; recip_refine for every e4m3 s in [2^-9, 448] and every r0 within 2 ulps;
+// every such code; recip_refine for every e4m3 s in [2^-9, 448] and every r0 within 16 ulps;
 // fake_quant_grid_fast3 against fake_quant_grid for every bf16 u (but negative NaNs) and every
 // such s; the pair weight's clamp (fp32(exp(-104)) = +0).
 #pragma once
