@@ -49,13 +49,14 @@ FC_QUANT_FN float e4m3_value_pos(uint32_t code) {
 }
 
 FC_QUANT_FN uint32_t scale_code_hw(float x) {
-  const float c = fminf(fmaxf(x, 0.001953125f), quant::kE4m3Max);
+  const float lo = fmaxf(x, 0.001953125f);  // NaN -> 2^-9
 #if FC_QUANT_HW_E4M3
+  // satfinite maps everything above 448 (+inf included) to 448's code, as the clamp would
   uint16_t pair;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(c));  // second source -> low byte
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(lo));  // second source -> low byte
   return pair & 0xFFu;
 #else
-  return quant::e4m3_code(c);
+  return quant::e4m3_code(fminf(lo, quant::kE4m3Max));
 #endif
 }
 
