@@ -248,7 +248,7 @@ __device__ __forceinline__ uint64_t fp8x8(const float (&x)[8], float inv) {
 // Encode and store half h of the rotated row (u: dims 256 h + 8 lane + j; fp4 layouts) or of its
 // fake-quantised q (the others) at `slot`. Every lane of the warp must call it (the scale
 // reductions shuffle). kHw (design fast3): the scale bytes by kv_scale_code_as<true>, their
-// reciprocals by recip_e4m3_fast3, the fake-quant grid by v41q::fake_quant_grid_fast3.
+// reciprocals by recip_e4m3_fast3, the fake-quant grid and fp4 codes by v41q::*_fast3.
 template <V41Layout kLayout, bool kFast, bool kHw = false>
 __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& slot, int lane) {
   using T = LayoutTraits<kLayout>;
@@ -261,7 +261,8 @@ __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& sl
     uint32_t word = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint32_t c = kFast ? v41q::fp4_code(u[j], s, r) : v41q::e2m1_rne(__fdiv_rn(u[j], s));
+      const uint32_t c = kHw ? v41q::fp4_code_fast3(u[j], s, r)
+                             : (kFast ? v41q::fp4_code(u[j], s, r) : v41q::e2m1_rne(__fdiv_rn(u[j], s)));
       word |= c << (4 * j);
     }
     *reinterpret_cast<uint32_t*>(slot.data + 128 * h + 4 * lane) = word;

@@ -20,14 +20,20 @@
 //                      the grid magnitude by one bit operation instead of a compare and select:
 //                      equal to it for every u but NaNs with the sign bit set, which the kernels
 //                      never pass (their u come out of cvt.rn.bf16x2, whose NaN is +0x7FFF).
+//   fp4_code_fast3(u, s, r)  v41q::fp4_code from the same grid value as fake_quant_grid_fast3: the
+//                      magnitude code is the grid value times 2^-126 read as bits >> 22 (e2m1 code
+//                      2e + m of (1 + m / 2) 2^(e - 1) is the fp32 exponent / top mantissa bit of
+//                      its scaled value, e = 0 falling into the subnormals as m 2^22), the sign u's;
+//                      equal to fp4_code for every u but negative-signed NaNs (a +NaN u gives 7, as
+//                      its grid value is 6).
 //   pack_fp8x4_no_nan(a, b, c, d)  quant::pack_fp8x4 for non-NaN inputs (the kernels' fake-quant
 //                      values times a power of two): on sm_89+ the two conversions without the
 //                      fminf that maps a NaN to 448 (satfinite clamps +-inf to +-448 as clip448).
 //   max_nan(a, b)      max.NaN.f32: NaN if either is NaN, else fmaxf.
 // Host checks (tests/native/v41_fast3_host.cpp): e4m3_value_pos against v41q::e4m3_value for
 // every such code; recip_refine for every e4m3 s in [2^-9, 448] and every r0 within 16 ulps;
-// fake_quant_grid_fast3 against fake_quant_grid for every bf16 u (but negative NaNs) and every
-// such s; the pair weight's clamp (fp32(exp(-104)) = +0).
+// fake_quant_grid_fast3 / fp4_code_fast3 against fake_quant_grid / fp4_code for every bf16 u (but
+// negative NaNs) and every such s; the pair weight's clamp (fp32(exp(-104)) = +0).
 #pragma once
 
 #include <cmath>
@@ -79,15 +85,8 @@ FC_QUANT_FN float recip_refine(float s, float r0) {
 #endif
 }
 
-FC_QUANT_FN float fake_quant_grid_fast3(float u, float s, float r) {
-  // q0 = u r + 0 (= u r but for u = -0, where it is +0: fake_quant_grid's "q0 < 0" is false there)
-#if defined(__CUDA_ARCH__)
-  const float q0 = __fmaf_rn(u, r, 0.0f);
-  const float q = __fmaf_rn(__fmaf_rn(-q0, s, u), r, q0);
-#else
-  const float q0 = std::fma(u, r, 0.0f);
-  const float q = std::fma(std::fma(-q0, s, u), r, q0);
-#endif
+// min(RNE of |q| on the e2m1 grid, 6) (the grid magnitude of fake_quant_grid / fp4_code).
+FC_QUANT_FN float e2m1_grid_magnitude(float q) {
   const float a = fabsf(q);
   // c = 2^22 2^floor(log2(max(a, 1))): ulp(c) is the grid step at a (0.5 below 2, 1 on [2, 4),
   // 2 on [4, 8), larger where only the clamp at 6 matters; +inf past 2^105, where a + c - c is
@@ -101,7 +100,31 @@ FC_QUANT_FN float fake_quant_grid_fast3(float u, float s, float r) {
   const volatile float sum = a + c;
   const float m = fminf(sum - c, 6.0f);
 #endif
+  return m;
+}
+
+FC_QUANT_FN float fake_quant_grid_fast3(float u, float s, float r) {
+  // q0 = u r + 0 (= u r but for u = -0, where it is +0: fake_quant_grid's "q0 < 0" is false there)
+#if defined(__CUDA_ARCH__)
+  const float q0 = __fmaf_rn(u, r, 0.0f);
+  const float q = __fmaf_rn(__fmaf_rn(-q0, s, u), r, q0);
+#else
+  const float q0 = std::fma(u, r, 0.0f);
+  const float q = std::fma(std::fma(-q0, s, u), r, q0);
+#endif
+  const float m = e2m1_grid_magnitude(q);
   return quant::bits_float(quant::float_bits(m) | (quant::float_bits(q0) & 0x80000000u));
+}
+
+FC_QUANT_FN uint32_t fp4_code_fast3(float u, float s, float r) {
+  float q0, q;
+  quotient(u, s, r, q0, q);
+#if defined(__CUDA_ARCH__)
+  const float scaled = __fmul_rn(e2m1_grid_magnitude(q), 0x1p-126f);
+#else
+  const volatile float scaled = e2m1_grid_magnitude(q) * 0x1p-126f;
+#endif
+  return (quant::float_bits(scaled) >> 22) | ((quant::float_bits(u) >> 28) & 0x8u);
 }
 
 }  // namespace v41q

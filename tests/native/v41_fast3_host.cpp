@@ -3,8 +3,9 @@
 //     non-NaN E4M3FN code (0x00..0x7E), the scale codes that kv_scale_code can give;
 //   * v41q::recip_refine(s, r0) is rn(1 / s) for every e4m3 s in [2^-9, 448] and every r0 within
 //     16 ulps of rn(1 / s) (the device's r0, rcp.approx.f32, is within 2^-22 of 1 / s: 4 ulps);
-//   * v41q::fake_quant_grid_fast3(u, s, r) equals v41q::fake_quant_grid bit for bit for every bf16
-//     u but the NaNs with the sign bit set (never a kernel's input) and every such s;
+//   * v41q::fake_quant_grid_fast3(u, s, r) equals v41q::fake_quant_grid bit for bit, and
+//     v41q::fp4_code_fast3 v41q::fp4_code, for every bf16 u but the NaNs with the sign bit set
+//     (never a kernel's input) and every such s;
 //   * the fast3 pair weight's clamp: fp32(exp(-104)) (libdevice's fast path, as replayed by
 //     v41_exp_host.cpp, and glibc) is +0, so the exp of min(|d|, 104) is pair_weight's value
 //     for every |d| >= 104.
@@ -71,6 +72,9 @@ int main() {
       if (quant::is_nan_bits(ub) && (ub >> 31)) continue;
       const float u = quant::bits_float(ub);
       ++grid_checked;
+      if (v41q::fp4_code_fast3(u, sv, r) != v41q::fp4_code(u, sv, r) && ++grid_bad <= 4) {
+        std::printf("fp4_code_fast3 u=%08x s=%a\n", ub, sv);
+      }
       if (quant::float_bits(v41q::fake_quant_grid_fast3(u, sv, r)) !=
               quant::float_bits(v41q::fake_quant_grid(u, sv, r)) &&
           ++grid_bad <= 4) {
