@@ -68,10 +68,14 @@ FC_QUANT_FN uint32_t scale_code_hw(float x) {
 
 FC_QUANT_FN uint32_t pack_fp8x4_no_nan(float a, float b, float c, float d) {
 #if FC_QUANT_HW_E4M3
-  uint16_t lo, hi;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));  // first source -> upper byte
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
-  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  // the two byte pairs joined by one mov (first source of each cvt -> its upper byte)
+  uint32_t w;
+  asm("{\n\t.reg .b16 lo, hi;\n\t"
+      "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
+      "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\t"
+      "mov.b32 %0, {lo, hi};\n\t}"
+      : "=r"(w) : "f"(a), "f"(b), "f"(c), "f"(d));
+  return w;
 #else
   return quant::pack_fp8x4(a, b, c, d);
 #endif
