@@ -235,25 +235,44 @@ __global__ void __launch_bounds__(64) c1_split_kernel(const V41Args a) {
   finish_half<kLayout>(x, cs, a, row, loc > 0 ? loc : -1, h, lane);
 }
 
+// The constants of libdevice's __nv_exp fast path (CUDA 12/13 libdevice.10.bc): log2(e), the
+// rounding shift 1.5 2^52, ln 2 high / low, then the polynomial's coefficients from the highest.
+#define FC_V41_EXP_CONSTANTS                                                                             \
+  0x1.71547652b82fep+0, 0x1.8p+52, 0x1.62e42fefa39efp-1, 0x1.abc9e3b39803fp-56, 0x1.ade1569ce2bdfp-26, \
+      0x1.28af3fca213eap-22, 0x1.71dee62401315p-19, 0x1.a01997c89eb71p-16, 0x1.a01a014761f65p-13,      \
+      0x1.6c16c1852b7afp-10, 0x1.1111111122322p-7, 0x1.55555555502a1p-5, 0x1.5555555555511p-3,         \
+      0x1.000000000000bp-1
+// Constant i as an immediate (after unrolling and inlining) or (kConstBank, fast3) from the constant
+// bank, which the fp64 FMAs read as an operand; an immediate the compiler moves into a uniform
+// register pair first, again for every unrolled group of channels.
+static __constant__ double kExpConstantBank[] = {FC_V41_EXP_CONSTANTS};
+template <bool kConstBank>
+__device__ __forceinline__ double exp_constant(int i) {
+  if constexpr (kConstBank) {
+    return kExpConstantBank[i];
+  } else {
+    constexpr double kImmediate[] = {FC_V41_EXP_CONSTANTS};
+    return kImmediate[i];
+  }
+}
+#undef FC_V41_EXP_CONSTANTS
+
 // exp(x) for x in (-708, 0] (and NaN), exactly as CUDA's exp(double) computes it there: the same
-// operations with the same constants as libdevice's __nv_exp (CUDA 12/13 libdevice.10.bc) on the
-// path it takes for |x| < 708.4, minus the range test, whose branch split every channel's
-// exp into its own convergence region (16 serialised fp64 chains per lane).
+// operations with the same constants as libdevice's __nv_exp on the path it takes for
+// |x| < 708.4, minus the range test, whose branch split every channel's exp into its own
+// convergence region (16 serialised fp64 chains per lane). kConstBank: the constants from the
+// constant bank (fast3), else immediates.
+template <bool kConstBank = false>
 __device__ __forceinline__ double exp_libdevice_small(double x) {
-  const double t = __fma_rn(x, 0x1.71547652b82fep+0, 0x1.8p+52);  // x log2(e) + 1.5 2^52
+  const auto c = [](int i) { return exp_constant<kConstBank>(i); };
+  const double t = __fma_rn(x, c(0), c(1));  // x log2(e) + 1.5 2^52
   const int n = __double2loint(t);
-  const double k = __dadd_rn(t, -0x1.8p+52);
-  double r = __fma_rn(k, -0x1.62e42fefa39efp-1, x);
-  r = __fma_rn(k, -0x1.abc9e3b39803fp-56, r);
-  double p = __fma_rn(0x1.ade1569ce2bdfp-26, r, 0x1.28af3fca213eap-22);
-  p = __fma_rn(p, r, 0x1.71dee62401315p-19);
-  p = __fma_rn(p, r, 0x1.a01997c89eb71p-16);
-  p = __fma_rn(p, r, 0x1.a01a014761f65p-13);
-  p = __fma_rn(p, r, 0x1.6c16c1852b7afp-10);
-  p = __fma_rn(p, r, 0x1.1111111122322p-7);
-  p = __fma_rn(p, r, 0x1.55555555502a1p-5);
-  p = __fma_rn(p, r, 0x1.5555555555511p-3);
-  p = __fma_rn(p, r, 0x1.000000000000bp-1);
+  const double k = __dadd_rn(t, -c(1));
+  double r = __fma_rn(k, -c(2), x);
+  r = __fma_rn(k, -c(3), r);
+  double p = __fma_rn(c(4), r, c(5));
+#pragma unroll
+  for (int i = 6; i < 14; ++i) p = __fma_rn(p, r, c(i));
   p = __fma_rn(p, r, 1.0);
   p = __fma_rn(p, r, 1.0);
   return __hiloint2double(__double2hiint(p) + (n << 20), __double2loint(p));
@@ -275,7 +294,7 @@ __device__ __forceinline__ float pair_weight(float d) {
 // max.NaN(e, -|d|) is e (>= 0 >= -|d|) except for a NaN d, which it returns as a NaN.
 __device__ __forceinline__ float pair_weight_fast3(float d) {
   const float a = fabsf(d);
-  const float e = static_cast<float>(exp_libdevice_small(-static_cast<double>(fminf(a, 104.0f))));
+  const float e = static_cast<float>(exp_libdevice_small<true>(-static_cast<double>(fminf(a, 104.0f))));
   return max_nan(e, -a);
 }
 

@@ -146,8 +146,8 @@ def test_fast3_uses_the_hardware_scale_conversion(tmp_path: Path) -> None:
     """fast3's wide c1 kernel encodes its fp4 scale bytes with cvt.rn.satfinite.e4m3x2 (two more
     conversions per row than fast2's, whose scale bytes take the software encoder) and rounds the
     latent two values per cvt.rn.bf16x2 (no scalar cvt.rn.bf16.f32 left in the kernel); its c2
-    prefill pool pass takes the pair weight's NaN through max.NaN (fast2's: selects) and is
-    compiled for 5 blocks per SM."""
+    prefill pool pass takes the pair weight's NaN through max.NaN (fast2's: selects), reads its exp
+    constants from the constant bank and is compiled for 5 blocks per SM."""
     from _jit_helpers import variant_ptx
 
     def entry(op: str, design: str, name: str) -> str:
@@ -166,6 +166,8 @@ def test_fast3_uses_the_hardware_scale_conversion(tmp_path: Path) -> None:
     assert pool3.count("max.NaN.f32") == 16 and "max.NaN.f32" not in pool2
     # the pool pass's register cap: 5 blocks of 128 threads per SM (fast2: 4)
     assert ".minnctapersm 5" in pool3 and ".minnctapersm 4" in pool2
+    # fast3's exp constants come from the constant bank (fp64 FMA operands), fast2's are immediates
+    assert "ld.const.f64" in pool3 and "ld.const.f64" not in pool2
 
 
 def test_ptxas_report_hot_path_skips_slow_blocks() -> None:
