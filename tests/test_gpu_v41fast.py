@@ -50,6 +50,7 @@ def _edge_latent_rows(n: int, seed: int) -> torch.Tensor:
     x[1, ::2] = 1e-39  # bf16 subnormals
     x[2] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0]).repeat(64)  # e2m1 ties before the norm
     x[3, :64] = 0.0  # a zero quantisation block next to live ones
+    x[3, 1:64:2] = -0.0  # signed zeros in it (the fake-quant grid of -0 is +0, its fp4 code 0x8)
     return x.to(BF16)
 
 
