@@ -1,17 +1,26 @@
 // flashcompress: the row arithmetic of the v41 design "fast3" (kFast3), the same bytes as the
 // other designs. The fast kernels of v41_fast.cuh take the design as a template parameter and
-// call these helpers for kFast3 (launch shapes, load order and the decode-sized split kernels
-// are fast2's). Row mapping as v41.cuh: lane L holds dims 256 h + 8 L + j of a 512-dim row.
+// call these helpers (and the kHw paths of v41_common.cuh's encoders) for kFast3; launch shapes,
+// load order and the decode-sized split kernels are fast2's. Row mapping as v41.cuh: lane L holds
+// dims 256 h + 8 L + j of a 512-dim row. Scalar primitives and their host checks:
+// v41_fast3_math.cuh.
 //
 // What fast3 changes, per lane and row (c1; c2: the same after the pooling):
 //   * the latent bf16((x nf) w) is rounded two values at a time (cvt.rn.bf16x2.f32, the same RNE
 //     as two cvt.rn.bf16.f32) into the words that the latent store writes as they are: no
 //     second conversion for the store, one unpack per value for RoPE and the encoders;
 //   * RoPE's bf16 outputs likewise, per (re, im) pair;
-//   * the fp4 / fake-quant e4m3 scale byte by one hardware conversion and its value by an exact
-//     bit placement and multiply (v41_fast3_math.cuh) instead of the software encoder's branch;
-//   * c2: the pair weight's |d| >= 104 / NaN cases by a clamp and one max.NaN (exp(-104) rounds
-//     to +0 in fp32, so the clamped exp is already the value there) instead of two selects.
+//   * scales: the fp4 / fake-quant e4m3 byte by one hardware conversion, its value by an exact bit
+//     placement and multiply, its reciprocal by rcp.approx and one Newton step (no select tree);
+//   * the e2m1 grid: the rounding constant from max(|q|, 1) 2^22 masked to a power of two, the
+//     fake-quant sign copied by one bit operation, the fp4 code read off the grid value's bits;
+//   * fp8 tile layouts: the fp8 operand as grid value times (scale 2^-k), one multiply per value;
+//     the packs without the NaN clamp (their operands are never NaN), joined by one mov;
+//   * c2 pool: the pair weight's |d| >= 104 / NaN cases by a clamp and one max.NaN (exp(-104)
+//     rounds to +0 in fp32) instead of selects, the exp constants from the constant bank, the
+//     quotient's range check by two magnitude compares, the pooled bf16 roundings two at a time;
+//     the prefill pool pass at 5 blocks per SM (96 registers: the norm weight loaded after the
+//     pooling) instead of 4.
 #pragma once
 
 #include <cstdint>
