@@ -202,29 +202,8 @@ __device__ __forceinline__ float scale_recip(float s) {
   }
 }
 
-// Fake quantisation (spec §2.2) of one half row u (dims 256 h + 8 lane + j), in place:
-// q = e2m1(u / S + 0) * S, S per 16 dims (2 lanes).
-template <bool kFast, bool kHw = false>
-__device__ __forceinline__ void fake_quant_half(float (&u)[8]) {
-  const float amax = lanes_max<2>(abs_max8(u));
-  const float s = kv_scale_value<kHw>(kv_scale_code_as<kHw>(__fmul_rn(amax, kInvSix)));
-  const float r = kHw ? recip_e4m3_fast3(s) : scale_recip<kFast>(s);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    float grid;
-    if constexpr (kHw) {
-      grid = v41q::fake_quant_grid_fast3(u[j], s, r);
-    } else if constexpr (kFast) {
-      grid = v41q::fake_quant_grid(u[j], s, r);
-    } else {
-      grid = v41q::e2m1_value(v41q::e2m1_rne(__fadd_rn(__fdiv_rn(u[j], s), 0.0f)));
-    }
-    u[j] = __fmul_rn(grid, s);
-  }
-}
-
-// Design fast3, fp8 tile layouts: fake_quant_half's grid values g into u (the fake-quant values
-// are g s, each exact: g has 2 significant bits, s 4, |g s| in [2^-10, 2688] or 0); returns s.
+// Design fast3: fake_quant_half's grid values g into u (the fake-quant values are g s, each exact:
+// g has 2 significant bits, s 4, |g s| in [2^-10, 2688] or 0); returns the block scale s.
 __device__ __forceinline__ float fake_quant_grid_half(float (&u)[8]) {
   const float amax = lanes_max<2>(abs_max8(u));
   const float s = kv_scale_value<true>(kv_scale_code_as<true>(__fmul_rn(amax, kInvSix)));
@@ -232,6 +211,31 @@ __device__ __forceinline__ float fake_quant_grid_half(float (&u)[8]) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) u[j] = v41q::fake_quant_grid_fast3(u[j], s, r);
   return s;
+}
+
+// Fake quantisation (spec §2.2) of one half row u (dims 256 h + 8 lane + j), in place:
+// q = e2m1(u / S + 0) * S, S per 16 dims (2 lanes). kHw: design fast3's arithmetic.
+template <bool kFast, bool kHw = false>
+__device__ __forceinline__ void fake_quant_half(float (&u)[8]) {
+  if constexpr (kHw) {
+    const float s = fake_quant_grid_half(u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) u[j] = __fmul_rn(u[j], s);
+    return;
+  }
+  const float amax = lanes_max<2>(abs_max8(u));
+  const float s = v41q::e4m3_value(kv_scale_code(__fmul_rn(amax, kInvSix)));
+  const float r = scale_recip<kFast>(s);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float grid;
+    if constexpr (kFast) {
+      grid = v41q::fake_quant_grid(u[j], s, r);
+    } else {
+      grid = v41q::e2m1_value(v41q::e2m1_rne(__fadd_rn(__fdiv_rn(u[j], s), 0.0f)));
+    }
+    u[j] = __fmul_rn(grid, s);
+  }
 }
 
 // kNoNan (design fast3): x * inv is never NaN (fake-quant values), so v41q::pack_fp8x4_no_nan.
