@@ -58,9 +58,11 @@ FC_QUANT_FN uint32_t scale_code_hw(float x) {
   const float lo = fmaxf(x, 0.001953125f);  // NaN -> 2^-9
 #if FC_QUANT_HW_E4M3
   // satfinite maps everything above 448 (+inf included) to 448's code, as the clamp would
-  uint16_t pair;
-  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(0.0f), "f"(lo));  // second source -> low byte
-  return pair & 0xFFu;
+  // the second source goes to the low byte; the first, +0, makes the high byte 0x00
+  uint32_t pair;
+  asm("{\n\t.reg .b16 p;\n\tcvt.rn.satfinite.e4m3x2.f32 p, %1, %2;\n\tcvt.u32.u16 %0, p;\n\t}"
+      : "=r"(pair) : "f"(0.0f), "f"(lo));
+  return pair;
 #else
   return quant::e4m3_code(fminf(lo, quant::kE4m3Max));
 #endif
