@@ -1,7 +1,7 @@
 """V4.1 low-ratio op benchmark: c1 / c2 decode / c2 prefill / index-K (issue 29 cases).
 
     python benchmarks/bench_v41.py [--cases c1,index] [--md PATH] [--device cuda|cpu] [--layout v4|v41_fp4|...]
-                                   [--design base,fast,fast2] [--peer]
+                                   [--design base,fast,fast2,fast3] [--peer]
 
 Cases: c1 decode 1 / 64 / 512 rows and 8192 rows (page 256); c2 decode 1 / 64 / 512 requests
 (ring 2, page 128; half the requests at odd positions, which pool and store, half park);
@@ -19,7 +19,7 @@ per pooled decode row whose partner is in the ring) and rows parked (4096 B), 8 
 metadata per row (+ 8 B req for c2), the RoPE row (256 B) and the cache entry (layout bytes /
 68 B) per stored row.
 
-``--design``: the ``v41`` kernel designs to time (``base``, ``fast``, ``fast2``; comma-separated;
+``--design``: the ``v41`` kernel designs to time (``base``, ``fast``, ``fast2``, ``fast3``; comma-separated;
 each case once per design, the layer column ``LAYOUT/DESIGN``; default: the current one,
 ``FLASHCOMPRESS_V41_DESIGN`` or ``base``). Index-K has one design and runs once.
 

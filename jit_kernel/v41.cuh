@@ -225,8 +225,10 @@ template <V41Op kOp, V41Layout kLayout, V41Design kDesign>
 gpuError_t V41Launch<kOp, kLayout, kDesign>::run(const V41Args& args, gpuStream_t stream) {
   const auto blocks = [](int64_t items, int per_block) { return static_cast<unsigned>((items + per_block - 1) / per_block); };
   if constexpr (kDesign != V41Design::kBase && kOp != V41Op::kIndexK) {
+    // the row arithmetic of the fast kernels: fast3's, or fast's (fast, fast2)
+    constexpr V41Design kArith = kDesign == V41Design::kFast3 ? V41Design::kFast3 : V41Design::kFast;
     const bool decode = args.rows <= v41::kFastDecodeRowsMax;
-    if constexpr (kDesign == V41Design::kFast2 && kOp != V41Op::kC2Prefill) {
+    if constexpr ((kDesign == V41Design::kFast2 || kDesign == V41Design::kFast3) && kOp != V41Op::kC2Prefill) {
       if (decode) {
         const LaunchConfig split{static_cast<unsigned>(args.rows), 64, 0, 1, kPdlLaunch};
         if constexpr (kOp == V41Op::kC1) {
@@ -239,16 +241,16 @@ gpuError_t V41Launch<kOp, kLayout, kDesign>::run(const V41Args& args, gpuStream_
     const int warps = decode ? 1 : v41::kFastWideWarps;
     const LaunchConfig rows{blocks(args.rows, warps), static_cast<unsigned>(32 * warps), 0, 1, kPdlLaunch};
     if constexpr (kOp == V41Op::kC1) {
-      return decode ? launch_kernel(v41::c1_fast_kernel<kLayout, true>, rows, stream, args)
-                    : launch_kernel(v41::c1_fast_kernel<kLayout, false>, rows, stream, args);
+      return decode ? launch_kernel(v41::c1_fast_kernel<kLayout, true, kArith>, rows, stream, args)
+                    : launch_kernel(v41::c1_fast_kernel<kLayout, false, kArith>, rows, stream, args);
     } else if constexpr (kOp == V41Op::kC2Decode) {
-      return decode ? launch_kernel(v41::c2_fast_kernel<kLayout, true>, rows, stream, args)
-                    : launch_kernel(v41::c2_fast_kernel<kLayout, false>, rows, stream, args);
+      return decode ? launch_kernel(v41::c2_fast_kernel<kLayout, true, kArith>, rows, stream, args)
+                    : launch_kernel(v41::c2_fast_kernel<kLayout, false, kArith>, rows, stream, args);
     } else {
       const int64_t pairs = (args.rows + 1) / 2;
       const int pair_warps = pairs <= v41::kFastDecodeRowsMax ? 1 : v41::kFastWideWarps;
       const LaunchConfig pool{blocks(pairs, pair_warps), static_cast<unsigned>(32 * pair_warps), 0, 1, kPdlLaunch};
-      const gpuError_t e = launch_kernel(v41::c2_prefill_fast_kernel<kLayout>, pool, stream, args);
+      const gpuError_t e = launch_kernel(v41::c2_prefill_fast_kernel<kLayout, kArith>, pool, stream, args);
       if (e != gpuSuccess) return e;
       const LaunchConfig back{blocks(args.batch * args.ring_size, v41::kWarps), v41::kThreads, 0, 1, kPdlLaunch};
       return launch_kernel(v41::c2_writeback_kernel<v41::kWarps>, back, stream, args);

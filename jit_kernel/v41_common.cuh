@@ -9,6 +9,7 @@
 #include "arch.cuh"
 #include "gpu_runtime.h"
 #include "quant.cuh"
+#include "v41_fast3_math.cuh"
 #include "v41_launch.h"
 #include "v41_quant.cuh"
 
@@ -120,15 +121,20 @@ __device__ __forceinline__ void load_weight(const uint16_t* weight, int lane, fl
   load_bf16x8(weight + 256 + 8 * lane, w[1]);
 }
 
-// latent = bf16((x * nf) * w) of a 512-dim row held as x[h][j] = dim 256 h + 8 lane + j (w likewise).
-__device__ __forceinline__ void rms_norm_row(float (&x)[2][8], const float (&w)[2][8], float eps) {
+// The RMSNorm factor nf of a 512-dim row held as x[h][j] = dim 256 h + 8 lane + j (every lane).
+__device__ __forceinline__ float row_norm_factor(const float (&x)[2][8], float eps) {
   const float p0 = torch_warp_partial(x[0]), p1 = torch_warp_partial(x[1]);
   float ss = shfl_idx(p0, 0, 32);
 #pragma unroll
   for (int k = 1; k < 4; ++k) ss = __fadd_rn(ss, shfl_idx(p0, 8 * k, 32));
 #pragma unroll
   for (int k = 0; k < 4; ++k) ss = __fadd_rn(ss, shfl_idx(p1, 8 * k, 32));
-  const float nf = norm_factor<kDim>(ss, eps);
+  return norm_factor<kDim>(ss, eps);
+}
+
+// latent = bf16((x * nf) * w) of a 512-dim row held as x[h][j] = dim 256 h + 8 lane + j (w likewise).
+__device__ __forceinline__ void rms_norm_row(float (&x)[2][8], const float (&w)[2][8], float eps) {
+  const float nf = row_norm_factor(x, eps);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -159,6 +165,21 @@ __device__ __forceinline__ uint32_t kv_scale_code(float raw) {
   return quant::e4m3_code(fminf(fmaxf(raw, kScaleMin), quant::kE4m3Max));
 }
 
+// kv_scale_code and the code's value: the software encoder and decoder, or (kHw, design fast3)
+// the hardware conversion and the exact bit placement of v41_fast3_math.cuh (the same code and
+// value for every raw).
+template <bool kHw>
+__device__ __forceinline__ uint32_t kv_scale_code_as(float raw) {
+  if constexpr (kHw) return v41q::scale_code_hw(raw);
+  return kv_scale_code(raw);
+}
+
+template <bool kHw>
+__device__ __forceinline__ float kv_scale_value(uint32_t code) {
+  if constexpr (kHw) return v41q::e4m3_value_pos(code);
+  return v41q::e4m3_value(code);
+}
+
 // u / s for a bf16-exact u and an e4m3 scale s in [2^-9, 448] (r = rn(1 / s)): the IEEE division
 // (base design) or v41q::div_by (fast design: two FMAs, the same e2m1 code for every such pair).
 template <bool kFast>
@@ -181,10 +202,27 @@ __device__ __forceinline__ float scale_recip(float s) {
   }
 }
 
+// Design fast3: fake_quant_half's grid values g into u (the fake-quant values are g s, each exact:
+// g has 2 significant bits, s 4, |g s| in [2^-10, 2688] or 0); returns the block scale s.
+__device__ __forceinline__ float fake_quant_grid_half(float (&u)[8]) {
+  const float amax = lanes_max<2>(abs_max8(u));
+  const float s = kv_scale_value<true>(kv_scale_code_as<true>(__fmul_rn(amax, kInvSix)));
+  const float r = recip_e4m3_fast3(s);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) u[j] = v41q::fake_quant_grid_fast3(u[j], s, r);
+  return s;
+}
+
 // Fake quantisation (spec §2.2) of one half row u (dims 256 h + 8 lane + j), in place:
-// q = e2m1(u / S + 0) * S, S per 16 dims (2 lanes).
-template <bool kFast>
+// q = e2m1(u / S + 0) * S, S per 16 dims (2 lanes). kHw: design fast3's arithmetic.
+template <bool kFast, bool kHw = false>
 __device__ __forceinline__ void fake_quant_half(float (&u)[8]) {
+  if constexpr (kHw) {
+    const float s = fake_quant_grid_half(u);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) u[j] = __fmul_rn(u[j], s);
+    return;
+  }
   const float amax = lanes_max<2>(abs_max8(u));
   const float s = v41q::e4m3_value(kv_scale_code(__fmul_rn(amax, kInvSix)));
   const float r = scale_recip<kFast>(s);
@@ -200,28 +238,35 @@ __device__ __forceinline__ void fake_quant_half(float (&u)[8]) {
   }
 }
 
+// kNoNan (design fast3): x * inv is never NaN (fake-quant values), so v41q::pack_fp8x4_no_nan.
+template <bool kNoNan = false>
 __device__ __forceinline__ uint64_t fp8x8(const float (&x)[8], float inv) {
-  const uint32_t lo = quant::pack_fp8x4(__fmul_rn(x[0], inv), __fmul_rn(x[1], inv), __fmul_rn(x[2], inv), __fmul_rn(x[3], inv));
-  const uint32_t hi = quant::pack_fp8x4(__fmul_rn(x[4], inv), __fmul_rn(x[5], inv), __fmul_rn(x[6], inv), __fmul_rn(x[7], inv));
+  const auto pack = [](float a, float b, float c, float d) {
+    return kNoNan ? v41q::pack_fp8x4_no_nan(a, b, c, d) : quant::pack_fp8x4(a, b, c, d);
+  };
+  const uint32_t lo = pack(__fmul_rn(x[0], inv), __fmul_rn(x[1], inv), __fmul_rn(x[2], inv), __fmul_rn(x[3], inv));
+  const uint32_t hi = pack(__fmul_rn(x[4], inv), __fmul_rn(x[5], inv), __fmul_rn(x[6], inv), __fmul_rn(x[7], inv));
   return static_cast<uint64_t>(lo) | (static_cast<uint64_t>(hi) << 32);
 }
 
 // Encode and store half h of the rotated row (u: dims 256 h + 8 lane + j; fp4 layouts) or of its
 // fake-quantised q (the others) at `slot`. Every lane of the warp must call it (the scale
-// reductions shuffle).
-template <V41Layout kLayout, bool kFast>
+// reductions shuffle). kHw (design fast3): the scale bytes by kv_scale_code_as<true>, their
+// reciprocals by recip_e4m3_fast3, the fake-quant grid and fp4 codes by v41q::*_fast3.
+template <V41Layout kLayout, bool kFast, bool kHw = false>
 __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& slot, int lane) {
   using T = LayoutTraits<kLayout>;
   if constexpr (T::kFp4) {
     const float amax = lanes_max<2>(abs_max8(u));  // bf16-exact, as u
     const uint32_t code =
-        kv_scale_code(scale_quotient<kFast>(amax, quant::kE2m1Max, scale_recip<kFast>(quant::kE2m1Max)));
-    const float s = v41q::e4m3_value(code);
-    const float r = scale_recip<kFast>(s);
+        kv_scale_code_as<kHw>(scale_quotient<kFast>(amax, quant::kE2m1Max, scale_recip<kFast>(quant::kE2m1Max)));
+    const float s = kv_scale_value<kHw>(code);
+    const float r = kHw ? recip_e4m3_fast3(s) : scale_recip<kFast>(s);
     uint32_t word = 0;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const uint32_t c = kFast ? v41q::fp4_code(u[j], s, r) : v41q::e2m1_rne(__fdiv_rn(u[j], s));
+      const uint32_t c = kHw ? v41q::fp4_code_fast3(u[j], s, r)
+                             : (kFast ? v41q::fp4_code(u[j], s, r) : v41q::e2m1_rne(__fdiv_rn(u[j], s)));
       word |= c << (4 * j);
     }
     *reinterpret_cast<uint32_t*>(slot.data + 128 * h + 4 * lane) = word;
@@ -232,13 +277,25 @@ __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& sl
       *reinterpret_cast<uint32_t*>(slot.scales + 16 * h + lane / 2) = code | (c2 << 8) | (c4 << 16) | (c6 << 24);
     }
   } else {
-    fake_quant_half<kFast>(u);
+    // kGrid (fast3, tile layouts): u keeps the grid values g and qs their scale s (the fake-quant
+    // values are g s): the lane's max |g s| is s max |g| (s > 0, exact products) and the fp8
+    // operand g s 2^-k is g (s 2^-k) (s 2^-k and g s 2^-k are normal for every scale of these
+    // layouts: exact), one multiply per value instead of two. Otherwise u holds g s.
+    constexpr bool kGrid = kHw && kLayout != V41Layout::kUniformFp8;
+    float qs = 1.0f;
+    if constexpr (kGrid) {
+      qs = fake_quant_grid_half(u);
+    } else {
+      fake_quant_half<kFast, kHw>(u);
+    }
+    const float lane_max = kGrid ? __fmul_rn(abs_max8(u), qs) : abs_max8(u);
+    const auto fp8_scale = [qs](float inv) { return kGrid ? __fmul_rn(qs, inv) : inv; };
     if constexpr (T::kFp8Tiles) {
-      const uint32_t bits = quant::float_bits(lanes_max<4>(abs_max8(u)));
+      const uint32_t bits = quant::float_bits(lanes_max<4>(lane_max));
       int32_t e = static_cast<int32_t>(bits >> 23) - 8 + ((bits & 0x7FFFFFu) > 0x600000u ? 1 : 0);
       e = e < static_cast<int32_t>(kV41MinExponent) ? static_cast<int32_t>(kV41MinExponent) : e;
       const uint32_t ue = static_cast<uint32_t>(e);
-      *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u, quant::inv_ue8m0(ue));
+      *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8<kHw>(u, fp8_scale(quant::inv_ue8m0(ue)));
       // tile 8 h + lane / 4; lanes 16 g gather four tiles
       const uint32_t e4 = shfl_idx(ue, (lane + 4) & 31, 32), e8 = shfl_idx(ue, (lane + 8) & 31, 32),
                      e12 = shfl_idx(ue, (lane + 12) & 31, 32);
@@ -246,23 +303,24 @@ __device__ __forceinline__ void encode_half(float (&u)[8], int h, const Slot& sl
         *reinterpret_cast<uint32_t*>(slot.scales + 8 * h + lane / 4) = ue | (e4 << 8) | (e8 << 16) | (e12 << 24);
       }
     } else if constexpr (kLayout == V41Layout::kUniformFp8) {
-      *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u, 1.0f);
+      *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8<kHw>(u, 1.0f);
     } else {  // V4: 7 tiles of 64 e4m3 + 64 bf16 RoPE dims; scale byte 7 untouched
       // amax: a fake-quant value (bf16-exact, >= 2^-10 when not 0) or the floor 1e-4f, so the
       // fast design's division is exact (host check)
-      const float amax = fmaxf(lanes_max<8>(abs_max8(u)), kAmaxFloor);
+      const float amax = fmaxf(lanes_max<8>(lane_max), kAmaxFloor);
       const uint32_t ue = quant::ue8m0_ceil(
           scale_quotient<kFast>(amax, quant::kE4m3Max, scale_recip<kFast>(quant::kE4m3Max)));
       const bool rope = h == 1 && lane >= 24;
       if (!rope) {
-        *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8(u, quant::inv_ue8m0(ue));
+        *reinterpret_cast<uint64_t*>(slot.data + 256 * h + 8 * lane) = fp8x8<kHw>(u, fp8_scale(quant::inv_ue8m0(ue)));
         if ((lane & 7) == 0) slot.scales[4 * h + lane / 8] = static_cast<uint8_t>(ue);
       } else {
+        const auto q = [&u, qs](int j) { return kGrid ? __fmul_rn(u[j], qs) : u[j]; };
         uint4 v;
-        v.x = quant::bf16x2_bits(u[0], u[1]);
-        v.y = quant::bf16x2_bits(u[2], u[3]);
-        v.z = quant::bf16x2_bits(u[4], u[5]);
-        v.w = quant::bf16x2_bits(u[6], u[7]);
+        v.x = quant::bf16x2_bits(q(0), q(1));
+        v.y = quant::bf16x2_bits(q(2), q(3));
+        v.z = quant::bf16x2_bits(q(4), q(5));
+        v.w = quant::bf16x2_bits(q(6), q(7));
         *reinterpret_cast<uint4*>(slot.data + 448 + 16 * (lane - 24)) = v;
       }
     }

@@ -20,6 +20,9 @@
 //     chains of a lane), so the 16 channels of a lane overlap.
 // Design fast2 (kFast2): fast, plus two warps per row (one 64-thread block, warp h holding half h)
 // for decode-sized c1 and c2 decode / verify launches (c1_split_kernel, c2_split_kernel).
+// Design fast3 (kFast3): fast2's launches and kernels; the wide c1 / c2 kernels and the c2
+// prefill pool pass with the row arithmetic of v41_fast3.cuh (the kernels' `kDesign` parameter:
+// kFast for fast and fast2, kFast3 for fast3; the split kernels are fast2's).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +32,7 @@
 #include "ptx.cuh"
 #include "quant.cuh"
 #include "v41_common.cuh"
+#include "v41_fast3.cuh"
 #include "v41_launch.h"
 #include "v41_quant.cuh"
 
@@ -39,6 +43,9 @@ namespace v41 {
 // keeps its 16 fp64 exps per lane from taking 200+ registers.
 inline constexpr int kFastMaxThreads = 128;
 inline constexpr int kFastC2MinBlocks = 4;
+// Fast3's c2 prefill pool pass: 5 such blocks per SM (96 registers, no spills: the norm weight is
+// loaded after the pooling), 20 warps instead of 16 to hide the fp64 exp chains.
+inline constexpr int kFast3PoolMinBlocks = 5;
 
 // Loads that stay where the source puts them (ld.volatile: ptxas neither sinks them past a branch
 // nor reorders them among themselves), so that a row's independent loads leave in one burst.
@@ -149,9 +156,22 @@ __device__ __forceinline__ void load_rope(const V41Args& a, int64_t rope_pos, bo
   if (live && lane >= 24) ld_f32x8<kEarly>(a.freq + rope_pos * 64 + 8 * (lane - 24), cs);
 }
 
+// Norm, publish, RoPE, encode and store of a loaded row: rms_norm_row + finish_row_loaded (kFast)
+// or their fast3 arithmetic (kFast3).
+template <V41Layout kLayout, V41Design kDesign>
+__device__ __forceinline__ void norm_finish(float (&x)[2][8], const float (&w)[2][8], const float (&cs)[8],
+                                            const V41Args& a, int64_t row, int64_t loc, int lane) {
+  if constexpr (kDesign == V41Design::kFast3) {
+    norm_finish_fast3<kLayout>(x, w, cs, a, row, loc, lane);
+  } else {
+    rms_norm_row(x, w, a.eps);
+    finish_row_loaded<kLayout>(x, cs, a, row, loc, lane);
+  }
+}
+
 // Fast design: rows per block = blockDim.x / 32 (the launcher picks it); the RoPE row is loaded
 // as soon as the position arrives, so its round trip overlaps the norm.
-template <V41Layout kLayout, bool kEarly>
+template <V41Layout kLayout, bool kEarly, V41Design kDesign>
 __global__ void __launch_bounds__(kFastMaxThreads) c1_fast_kernel(const V41Args a) {
   pdl_enter<true>();
   const int lane = threadIdx.x & 31;
@@ -167,8 +187,7 @@ __global__ void __launch_bounds__(kFastMaxThreads) c1_fast_kernel(const V41Args 
   ld_bf16x8<kEarly>(in + 8 * lane, x[0]);
   ld_bf16x8<kEarly>(in + 256 + 8 * lane, x[1]);
   load_rope<kEarly>(a, pos, loc > 0, lane, cs);
-  rms_norm_row(x, w, a.eps);
-  finish_row_loaded<kLayout>(x, cs, a, row, loc > 0 ? loc : -1, lane);
+  norm_finish<kLayout, kDesign>(x, w, cs, a, row, loc > 0 ? loc : -1, lane);
 }
 
 // RMSNorm of a row split over the two warps of a block (warp h: half h): the eight torch warp
@@ -216,25 +235,44 @@ __global__ void __launch_bounds__(64) c1_split_kernel(const V41Args a) {
   finish_half<kLayout>(x, cs, a, row, loc > 0 ? loc : -1, h, lane);
 }
 
+// The constants of libdevice's __nv_exp fast path (CUDA 12/13 libdevice.10.bc): log2(e), the
+// rounding shift 1.5 2^52, ln 2 high / low, then the polynomial's coefficients from the highest.
+#define FC_V41_EXP_CONSTANTS                                                                             \
+  0x1.71547652b82fep+0, 0x1.8p+52, 0x1.62e42fefa39efp-1, 0x1.abc9e3b39803fp-56, 0x1.ade1569ce2bdfp-26, \
+      0x1.28af3fca213eap-22, 0x1.71dee62401315p-19, 0x1.a01997c89eb71p-16, 0x1.a01a014761f65p-13,      \
+      0x1.6c16c1852b7afp-10, 0x1.1111111122322p-7, 0x1.55555555502a1p-5, 0x1.5555555555511p-3,         \
+      0x1.000000000000bp-1
+// Constant i as an immediate (after unrolling and inlining) or (kConstBank, fast3) from the constant
+// bank, which the fp64 FMAs read as an operand; an immediate the compiler moves into a uniform
+// register pair first, again for every unrolled group of channels.
+static __constant__ double kExpConstantBank[] = {FC_V41_EXP_CONSTANTS};
+template <bool kConstBank>
+__device__ __forceinline__ double exp_constant(int i) {
+  if constexpr (kConstBank) {
+    return kExpConstantBank[i];
+  } else {
+    constexpr double kImmediate[] = {FC_V41_EXP_CONSTANTS};
+    return kImmediate[i];
+  }
+}
+#undef FC_V41_EXP_CONSTANTS
+
 // exp(x) for x in (-708, 0] (and NaN), exactly as CUDA's exp(double) computes it there: the same
-// operations with the same constants as libdevice's __nv_exp (CUDA 12/13 libdevice.10.bc) on the
-// path it takes for |x| < 708.4, minus the range test, whose branch split every channel's
-// exp into its own convergence region (16 serialised fp64 chains per lane).
+// operations with the same constants as libdevice's __nv_exp on the path it takes for
+// |x| < 708.4, minus the range test, whose branch split every channel's exp into its own
+// convergence region (16 serialised fp64 chains per lane). kConstBank: the constants from the
+// constant bank (fast3), else immediates.
+template <bool kConstBank = false>
 __device__ __forceinline__ double exp_libdevice_small(double x) {
-  const double t = __fma_rn(x, 0x1.71547652b82fep+0, 0x1.8p+52);  // x log2(e) + 1.5 2^52
+  const auto c = [](int i) { return exp_constant<kConstBank>(i); };
+  const double t = __fma_rn(x, c(0), c(1));  // x log2(e) + 1.5 2^52
   const int n = __double2loint(t);
-  const double k = __dadd_rn(t, -0x1.8p+52);
-  double r = __fma_rn(k, -0x1.62e42fefa39efp-1, x);
-  r = __fma_rn(k, -0x1.abc9e3b39803fp-56, r);
-  double p = __fma_rn(0x1.ade1569ce2bdfp-26, r, 0x1.28af3fca213eap-22);
-  p = __fma_rn(p, r, 0x1.71dee62401315p-19);
-  p = __fma_rn(p, r, 0x1.a01997c89eb71p-16);
-  p = __fma_rn(p, r, 0x1.a01a014761f65p-13);
-  p = __fma_rn(p, r, 0x1.6c16c1852b7afp-10);
-  p = __fma_rn(p, r, 0x1.1111111122322p-7);
-  p = __fma_rn(p, r, 0x1.55555555502a1p-5);
-  p = __fma_rn(p, r, 0x1.5555555555511p-3);
-  p = __fma_rn(p, r, 0x1.000000000000bp-1);
+  const double k = __dadd_rn(t, -c(1));
+  double r = __fma_rn(k, -c(2), x);
+  r = __fma_rn(k, -c(3), r);
+  double p = __fma_rn(c(4), r, c(5));
+#pragma unroll
+  for (int i = 6; i < 14; ++i) p = __fma_rn(p, r, c(i));
   p = __fma_rn(p, r, 1.0);
   p = __fma_rn(p, r, 1.0);
   return __hiloint2double(__double2hiint(p) + (n << 20), __double2loint(p));
@@ -251,6 +289,15 @@ __device__ __forceinline__ float pair_weight(float d) {
   return small ? e : (a >= 104.0f ? 0.0f : a);
 }
 
+// Fast3: pair_weight's value for every d. The exp runs on min(|d|, 104) (fminf: NaN -> 104), whose
+// result is already pair_weight's for |d| >= 104 (fp32(exp(-104)) = +0, host check), and
+// max.NaN(e, -|d|) is e (>= 0 >= -|d|) except for a NaN d, which it returns as a NaN.
+__device__ __forceinline__ float pair_weight_fast3(float d) {
+  const float a = fabsf(d);
+  const float e = static_cast<float>(exp_libdevice_small<true>(-static_cast<double>(fminf(a, 104.0f))));
+  return max_nan(e, -a);
+}
+
 // rcp.approx (relative error < 2^-22 on [1, 2]).
 __device__ __forceinline__ float rcp_approx(float d) {
 #if FC_GPU_HIP
@@ -262,6 +309,34 @@ __device__ __forceinline__ float rcp_approx(float d) {
 #endif
 }
 
+// Fast3 of pool_half_fast's pass 2 (the same quotients and fallback): |num| outside [2^-100, 2^101)
+// (NaN included) by two compares of the magnitude instead of extracting the biased exponent, and
+// the bf16 rounding two values per cvt.rn.bf16x2 (the same RNE). k0[j] = bf16(k1[j] / s1[j]).
+__device__ __forceinline__ void pool_quotients_fast3(const float (&k1)[8], const float (&s1)[8], float (&k0)[8]) {
+  bool exact = false;
+  float q[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float num = k1[j], den = s1[j];
+    const float r = rcp_approx(den);
+    const float q0 = __fmul_rn(num, r);
+    q[j] = __fmaf_rn(__fmaf_rn(-q0, den, num), r, q0);
+    const bool out_of_range = !(fabsf(num) >= 0x1p-100f && fabsf(num) < 0x1p101f);
+    const bool near_tie = (quant::float_bits(q[j]) & 0xFFFFu) - 0x7FFCu <= 8u;
+    exact |= out_of_range | near_tie;
+  }
+  if (exact) {  // rare: the IEEE division for the lane's 8 channels
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q[j] = __fdiv_rn(k1[j], s1[j]);
+  }
+#pragma unroll
+  for (int j = 0; j < 8; j += 2) {
+    const uint32_t w = quant::bf16x2_bits(q[j], q[j + 1]);
+    k0[j] = quant::bf16x2_lo(w);
+    k0[j + 1] = quant::bf16x2_hi(w);
+  }
+}
+
 // Fast design of pool_pair: the same bf16 results without an IEEE division per channel. With
 // d = 1 + e in [1, 2] and r ~ 1 / d (rel. error < 2^-22), q0 = num r and q = q0 + (num - q0 d) r
 // (FMAs) is within 0.5 ulp + 2^-40 ulp of num / d, so q is rn(num / d) or one of its fp32
@@ -269,12 +344,14 @@ __device__ __forceinline__ float rcp_approx(float d) {
 // bf16 rounding boundary (low 16 bits near 0x8000); that case, and any num outside
 // [2^-100, 2^101) (zeros, subnormals, inf, NaN: no ulp bound), takes the IEEE division.
 // One half row (8 channels per lane); k1 gets the pooled bf16 values, s1 and k0 are scratch.
+// kDesign: the pair weight of kFast (pair_weight) or kFast3 (pair_weight_fast3).
+template <V41Design kDesign = V41Design::kFast>
 __device__ __forceinline__ void pool_half_fast(float (&k1)[8], float (&s1)[8], float (&k0)[8], const float (&s0)[8]) {
   // pass 1: numerator (into k1) and denominator (into s1) of every channel, as pool_pair
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
     const float d = __fsub_rn(s0[j], s1[j]);
-    const float e = pair_weight(d);
+    const float e = kDesign == V41Design::kFast3 ? pair_weight_fast3(d) : pair_weight(d);
     const bool first = d > 0.0f;
     const float a0 = first ? 1.0f : e, a1 = first ? e : 1.0f;
     k1[j] = __fmaf_rn(k0[j], a0, __fmul_rn(k1[j], a1));
@@ -282,30 +359,35 @@ __device__ __forceinline__ void pool_half_fast(float (&k1)[8], float (&s1)[8], f
   }
   // pass 2: the quotients (into k0)
   bool exact = false;
+  if constexpr (kDesign == V41Design::kFast3) {
+    pool_quotients_fast3(k1, s1, k0);
+  } else {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float num = k1[j], den = s1[j];
-    const float r = rcp_approx(den);
-    const float q0 = __fmul_rn(num, r);
-    const float q = __fmaf_rn(__fmaf_rn(-q0, den, num), r, q0);
-    const uint32_t nb = quant::float_bits(num), qb = quant::float_bits(q);
-    const bool out_of_range = ((nb >> 23) & 0xFFu) - 27u > 200u;  // biased exponent outside [27, 227]
-    const bool near_tie = (qb & 0xFFFFu) - 0x7FFCu <= 8u;
-    exact |= out_of_range | near_tie;  // | (not ||): no branch per channel
-    k0[j] = quant::bf16_round(q);
-  }
-  if (exact) {  // rare: the IEEE division for the lane's 8 channels
+    for (int j = 0; j < 8; ++j) {
+      const float num = k1[j], den = s1[j];
+      const float r = rcp_approx(den);
+      const float q0 = __fmul_rn(num, r);
+      const float q = __fmaf_rn(__fmaf_rn(-q0, den, num), r, q0);
+      const uint32_t nb = quant::float_bits(num), qb = quant::float_bits(q);
+      const bool out_of_range = ((nb >> 23) & 0xFFu) - 27u > 200u;  // biased exponent outside [27, 227]
+      const bool near_tie = (qb & 0xFFFFu) - 0x7FFCu <= 8u;
+      exact |= out_of_range | near_tie;  // | (not ||): no branch per channel
+      k0[j] = quant::bf16_round(q);
+    }
+    if (exact) {  // rare: the IEEE division for the lane's 8 channels
 #pragma unroll
-    for (int j = 0; j < 8; ++j) k0[j] = quant::bf16_round(__fdiv_rn(k1[j], s1[j]));
+      for (int j = 0; j < 8; ++j) k0[j] = quant::bf16_round(__fdiv_rn(k1[j], s1[j]));
+    }
   }
 #pragma unroll
   for (int j = 0; j < 8; ++j) k1[j] = k0[j];
 }
 
+template <V41Design kDesign = V41Design::kFast>
 __device__ __forceinline__ void pool_pair_fast(float (&k1)[2][8], float (&s1)[2][8], float (&k0)[2][8],
                                                const float (&s0)[2][8]) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) pool_half_fast(k1[h], s1[h], k0[h], s0[h]);
+  for (int h = 0; h < 2; ++h) pool_half_fast<kDesign>(k1[h], s1[h], k0[h], s0[h]);
 }
 
 // (pos - back) mod ring, non-negative; a power-of-two ring (the usual 2 / 4 / 8) takes a mask.
@@ -328,7 +410,7 @@ __device__ __forceinline__ void store_pair_row(float* p, int lane, const float (
 // metadata, the row, the weight and (inside a verify block) the previous input row are one burst
 // after the wait; an even row parks the row it holds; an odd row's ring partner and RoPE row are
 // the second (and last) group.
-template <V41Layout kLayout, bool kEarly>
+template <V41Layout kLayout, bool kEarly, V41Design kDesign>
 __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_fast_kernel(const V41Args a) {
   pdl_enter<true>();
   const int lane = threadIdx.x & 31;
@@ -370,9 +452,8 @@ __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_fast_ker
       ld_f32x8<kEarly>(ring + kDim + 256 * h + 8 * lane, s0[h]);
     }
   }
-  pool_pair_fast(k1, s1, k0, s0);
-  rms_norm_row(k1, w, a.eps);
-  finish_row_loaded<kLayout>(k1, cs, a, row, raw >> 1, lane);
+  pool_pair_fast<kDesign>(k1, s1, k0, s0);
+  norm_finish<kLayout, kDesign>(k1, w, cs, a, row, raw >> 1, lane);
 }
 
 // Design fast2, decode-sized c2 decode / verify launches: two warps per row (one 64-thread block),
@@ -421,8 +502,9 @@ __global__ void __launch_bounds__(64) c2_split_kernel(const V41Args a) {
 // parks. The metadata of rows 2w - 1 .. 2w + 1 is one burst; then each odd, non-padded row of
 // the two loads its row, its partner (the previous input row if same request, previous position
 // and not padded, else the ring row of pos - 1) and its RoPE row, and pools, norms and stores.
-template <V41Layout kLayout>
-__global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_prefill_fast_kernel(const V41Args a) {
+template <V41Layout kLayout, V41Design kDesign>
+__global__ void __launch_bounds__(kFastMaxThreads, kDesign == V41Design::kFast3 ? kFast3PoolMinBlocks : kFastC2MinBlocks)
+    c2_prefill_fast_kernel(const V41Args a) {
   pdl_enter<true>();
   const int lane = threadIdx.x & 31;
   const int64_t first = 2 * (static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5));
@@ -452,11 +534,11 @@ __global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks) c2_prefill_
     load_pair_row(from_input ? in - kStateWidth
                              : a.state + ring_row_fast(r_rid, r_pos, 1, a.ring_size) * kStateWidth,
                   lane, k0, s0);
-    load_weight(a.norm_weight, lane, w);
+    if constexpr (kDesign != V41Design::kFast3) load_weight(a.norm_weight, lane, w);
     load_rope(a, r_pos - 1, (r_raw >> 1) >= 0, lane, cs);
-    pool_pair_fast(k1, s1, k0, s0);
-    rms_norm_row(k1, w, a.eps);
-    finish_row_loaded<kLayout>(k1, cs, a, row, r_raw >> 1, lane);
+    pool_pair_fast<kDesign>(k1, s1, k0, s0);
+    if constexpr (kDesign == V41Design::kFast3) load_weight(a.norm_weight, lane, w);
+    norm_finish<kLayout, kDesign>(k1, w, cs, a, row, r_raw >> 1, lane);
   }
 }
 

@@ -54,9 +54,10 @@ struct V41Args {
 
 // Kernel design (the family's `design` parameter): kBase, the first kernels (8 rows per block);
 // kFast, latency-first loads, launch-size-dependent blocks and division-free quantisation
-// (v41.cuh, "Fast design"); kFast2, kFast with two warps per row for decode-sized c1 and c2 decode launches.
+// (v41.cuh, "Fast design"); kFast2, kFast with two warps per row for decode-sized c1 and c2 decode launches;
+// kFast3, kFast2 with fewer instructions per row in the wide c1 / c2 kernels (v41_fast3.cuh).
 // Index-K has one design.
-enum class V41Design : int { kBase = 0, kFast = 1, kFast2 = 2 };
+enum class V41Design : int { kBase = 0, kFast = 1, kFast2 = 2, kFast3 = 3 };
 
 template <V41Op kOp, V41Layout kLayout, V41Design kDesign>
 struct V41Launch {

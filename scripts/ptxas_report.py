@@ -10,8 +10,10 @@ spill stores/loads, static shared memory. Needs nvcc (``CUDA_HOME`` or ``/usr/lo
 same flags as the JIT build. Nothing is cached or loaded.
 
 With ``--sass`` (needs ``nvdisasm``: on PATH, or ``NVDISASM=/path/to/nvdisasm``) each line also
-gives the kernel's static SASS instruction count and its memory instructions (LDG / STG / LDS /
-STS / LDGSTS): a proxy for the work per row of the unrolled pooling loops.
+gives the kernel's static SASS instruction count, its memory instructions (LDG / STG / LDS /
+STS / LDGSTS) and ``hot``, the instructions on its common path (``hot_path``: slow-path blocks,
+divergent-warp copies and repeated loop iterations left out), an estimate of what one warp of a
+loop-free kernel executes (one row of the v41 c1 kernels, one row pair of the c2 prefill pool).
 """
 
 from __future__ import annotations
@@ -45,25 +47,68 @@ def demangle(names: list[str]) -> dict[str, str]:
         return {n: n for n in names}
 
 
-def _sass_counts(cubin: Path, nvdisasm: str) -> dict[str, tuple[int, int]]:
-    """Static (instructions, memory instructions) per mangled function of a cubin."""
+_INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?P<pred>@!?U?P\w+\s+)?(?P<op>[A-Z][A-Z0-9_.]*)(?P<rest>[^;]*);")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_TARGET = re.compile(r"`\((\.L_x_\d+)\)")
+_COLD_SKIP_MAX = 200  # a forward branch over at most this many instructions with a CALL / FCHK skips a slow path
+
+
+def hot_path(items: list[tuple[str, str, bool, str]]) -> int:
+    """Instructions on a function's common path (an estimate of what one warp executes): from the
+    entry, straight on; unconditional branches followed; a conditional forward branch taken when it
+    jumps over a short block holding a CALL or FCHK (a slow path: IEEE division, fp64 sqrt), else
+    not; BRA.DIV (the divergent-warp copy of a shuffle sequence), predicated EXITs and backward
+    branches (one loop iteration) not taken. `items`: ("L", label, _, _) or ("I", op, predicated, rest)."""
+    labels = {v: i for i, (k, v, _, _) in enumerate(items) if k == "L"}
+    i = n = 0
+    while i < len(items) and n < 100000:
+        kind, op, pred, rest = items[i]
+        if kind == "L":
+            i += 1
+            continue
+        n += 1
+        if op.startswith(("EXIT", "RET")) and not pred:
+            return n
+        target = _TARGET.search(rest) if op.startswith("BRA") and not op.startswith("BRA.DIV") else None
+        if target is None or target.group(1) not in labels:
+            i += 1
+            continue
+        t = labels[target.group(1)]
+        if not pred:
+            i = t
+            continue
+        skipped = [o for k, o, _, _ in items[i + 1:t] if k == "I"]
+        slow = t > i and len(skipped) <= _COLD_SKIP_MAX and any(o.startswith(("CALL", "FCHK")) for o in skipped)
+        i = t if slow else i + 1
+    return n
+
+
+def _sass_counts(cubin: Path, nvdisasm: str) -> dict[str, tuple[int, int, int]]:
+    """(static instructions, memory instructions, hot-path estimate) per mangled function of a cubin."""
     out = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
-    counts: dict[str, list[int]] = {}
+    funcs: dict[str, list[tuple[str, str, bool, str]]] = {}
     cur = None
     for line in out.splitlines():
         m = re.match(r"\s*\.text\.(\S+):", line)
         if m:
             cur = m.group(1)
-            counts[cur] = [0, 0]
+            funcs[cur] = []
             continue
-        m = re.search(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", line)
-        if cur is not None and m:
-            op = m.group(1)
-            if op == "NOP":
-                continue
-            counts[cur][0] += 1
-            counts[cur][1] += op.split(".")[0] in ("LDG", "STG", "LDS", "STS", "LDGSTS", "LD", "ST", "LDSM")
-    return {k: (v[0], v[1]) for k, v in counts.items()}
+        if cur is None:
+            continue
+        lab = _LABEL.match(line)
+        if lab:
+            funcs[cur].append(("L", lab.group(1), False, ""))
+            continue
+        m = _INSN.search(line)
+        if m and m["op"] != "NOP":
+            funcs[cur].append(("I", m["op"], m["pred"] is not None, m["rest"]))
+    counts: dict[str, tuple[int, int, int]] = {}
+    for name, items in funcs.items():
+        ops = [op for k, op, _, _ in items if k == "I"]
+        mem = sum(op.split(".")[0] in ("LDG", "STG", "LDS", "STS", "LDGSTS", "LD", "ST", "LDSM") for op in ops)
+        counts[name] = (len(ops), mem, hot_path(items))
+    return counts
 
 
 def compile_tu(nvcc: str, f: "fam.Family", params: dict, out: Path, mode: list[str],
@@ -111,7 +156,8 @@ def report(spec: str, defines: list[str], nvcc: str, nvdisasm: str | None = None
             if "regs" not in d and "sst" not in d:
                 continue
             short = re.sub(r"flashcompress::|\(flashcompress::\w+\)|compress::", "", names[mangled])[:150]
-            n_sass = f"  sass {sass[mangled][0]:>5} ({sass[mangled][1]:>4} mem)" if mangled in sass else ""
+            n_sass = (f"  sass {sass[mangled][0]:>5} ({sass[mangled][1]:>4} mem, hot {sass[mangled][2]:>5})"
+                      if mangled in sass else "")
             lines.append(f"  {d.get('regs', '-'):>4} regs  frame {d.get('frame', '0'):>4}  spill {d.get('sst', '0')}/{d.get('sld', '0')}"
                          f"  smem {d.get('smem', '0'):>6}{n_sass}  {short}")
     return lines

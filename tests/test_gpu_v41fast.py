@@ -1,4 +1,4 @@
-"""The ``v41`` family's ``design="fast"`` / ``"fast2"`` kernels, byte for byte (``pytest -m gpu``).
+"""The ``v41`` family's ``design="fast"`` / ``"fast2"`` / ``"fast3"`` kernels, byte for byte (``pytest -m gpu``).
 
 * Every test of ``tests/test_gpu_v41_kernels.py`` (every layout, int32 / int64 metadata, both
   eps values, padded rows and sentinels, verify blocks, prefill write-back, page sizes, chunked
@@ -34,9 +34,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 L = KVLayout
 
 
-@pytest.fixture(autouse=True, params=["fast", "fast2"])
+@pytest.fixture(autouse=True, params=["fast", "fast2", "fast3"])
 def fast_design(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test of this module runs once per fast design (``fast2``: two warps per c1 decode row)."""
+    """Every test of this module runs once per fast design (``fast2``: two warps per c1 decode row;
+    ``fast3``: fast2's launches, the wide kernels with fewer instructions per row)."""
     monkeypatch.setattr(v41_ops, "_DESIGN", [request.param])
     return request.param
 
@@ -49,6 +50,7 @@ def _edge_latent_rows(n: int, seed: int) -> torch.Tensor:
     x[1, ::2] = 1e-39  # bf16 subnormals
     x[2] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0]).repeat(64)  # e2m1 ties before the norm
     x[3, :64] = 0.0  # a zero quantisation block next to live ones
+    x[3, 1:64:2] = -0.0  # signed zeros in it (the fake-quant grid of -0 is +0, its fp4 code 0x8)
     return x.to(BF16)
 
 

@@ -394,8 +394,9 @@ def test_ptxas_report_prints_every_kernel_of_a_variant() -> None:
 
 
 def test_ptxas_report_counts_sass_per_function(tmp_path: Path) -> None:
-    """``ptxas_report.py --sass`` counts each function's SASS instructions (NOPs left out) and its
-    memory instructions from ``nvdisasm -c`` output (a stand-in nvdisasm prints a fixed listing)."""
+    """``ptxas_report.py --sass`` counts each function's SASS instructions (NOPs left out), its
+    memory instructions and its hot path from ``nvdisasm -c`` output (a stand-in nvdisasm prints a
+    fixed listing)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("ptxas_report", REPO / "scripts" / "ptxas_report.py")
@@ -416,4 +417,5 @@ def test_ptxas_report_counts_sass_per_function(tmp_path: Path) -> None:
     fake.write_text(f"#!/bin/sh\ncat <<'LISTING'\n{listing}LISTING\n")
     fake.chmod(0o755)
     counts = mod._sass_counts(tmp_path / "unused.cubin", str(fake))
-    assert counts == {"_Z1av": (4, 2), "_Z1bv": (2, 0)}
+    # (instructions, memory instructions, hot path: the branch to a label outside the listing falls through)
+    assert counts == {"_Z1av": (4, 2, 4), "_Z1bv": (2, 0, 2)}

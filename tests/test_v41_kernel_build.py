@@ -47,7 +47,7 @@ def test_v41_family_registration() -> None:
     fam = get_family("v41")
     assert fam is v41.V41 and fam.exports == ("forward",)
     variants = fam.expand()
-    assert len(variants) == 3 * 6 * 3 + 1
+    assert len(variants) == 3 * 6 * 4 + 1  # (c1, c2_decode, c2_prefill) x layouts x designs + index_k
     assert {"op": "index_k", "layout": "none", "design": "base"} in variants
     assert fam.key(target="cuda:9.0a", op="c1", layout="v4").param_dict["design"] == "fast2"
     with pytest.raises(ValueError):
@@ -72,7 +72,8 @@ def test_v41_design_switch(monkeypatch: pytest.MonkeyPatch) -> None:
 @requires_nvcc
 @pytest.mark.parametrize("op,layout,design", [("c1", "v4", "base"), ("c2_prefill", "v41_fp4_new", "base"),
                                               ("index_k", "none", "base"), ("c1", "v41_fp4", "fast"),
-                                              ("c2_prefill", "v4", "fast"), ("c1", "v4", "fast2")])
+                                              ("c2_prefill", "v4", "fast"), ("c1", "v4", "fast2"),
+                                              ("c2_prefill", "v41_fp4", "fast3")])
 def test_v41_variant_builds_for_sm90a(jit_env, op: str, layout: str, design: str) -> None:
     from flashcompress.jit import get_module
 
@@ -122,6 +123,72 @@ def test_fast_division_free_quantisation_is_exact(tmp_path: Path) -> None:
 
 @pytest.mark.nvcc
 @requires_nvcc
+def test_fast3_primitives_are_exact(tmp_path: Path) -> None:
+    """Design fast3's scalar primitives equal the other designs' (tests/native/v41_fast3_host.cpp):
+    the e4m3 scale value (bit placement + one multiply) on every non-negative e4m3 code, the scale
+    reciprocal (one Newton step from any estimate within 16 ulps) on every e4m3 scale, the fake-quant
+    grid with its copied sign on every bf16 input and scale, and the pair weight's clamp at
+    |d| = 104 (+0: fp32(exp(-104)), libdevice's path and glibc)."""
+    cxx = shutil.which(os.environ.get("CXX") or "c++")
+    exe = tmp_path / "v41_fast3_host"
+    subprocess.run([cxx, "-std=c++17", "-O2", "-ffp-contract=off", f"-I{REPO / 'jit_kernel'}",
+                    str(REPO / "tests/native/v41_fast3_host.cpp"), "-o", str(exe)], check=True, capture_output=True,
+                   text=True)
+    res = subprocess.run([str(exe)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "value_bad 0 clamp_ok 1" in res.stdout and "recip_bad 0" in res.stdout and " grid_bad 0" in res.stdout, \
+        res.stdout
+
+
+@pytest.mark.nvcc
+@requires_nvcc
+def test_fast3_uses_the_hardware_scale_conversion(tmp_path: Path) -> None:
+    """fast3's wide c1 kernel encodes its fp4 scale bytes with cvt.rn.satfinite.e4m3x2 (two more
+    conversions per row than fast2's, whose scale bytes take the software encoder) and rounds the
+    latent two values per cvt.rn.bf16x2 (no scalar cvt.rn.bf16.f32 left in the kernel); its c2
+    prefill pool pass takes the pair weight's NaN through max.NaN (fast2's: selects), reads its exp
+    constants from the constant bank and is compiled for 5 blocks per SM."""
+    from _jit_helpers import variant_ptx
+
+    def entry(op: str, design: str, name: str) -> str:
+        tmp = tmp_path / f"{op}-{design}"
+        tmp.mkdir()
+        ptx = variant_ptx("v41", {"op": op, "layout": "v41_fp4", "design": design}, tmp)
+        starts = [m.start() for m in re.finditer(r"^\.visible \.entry ", ptx, re.M)] + [len(ptx)]
+        bodies = [ptx[b:e] for b, e in zip(starts, starts[1:]) if name in ptx[b:ptx.find("(", b)]]
+        assert bodies, name
+        return bodies[0]
+
+    fast2, fast3 = entry("c1", "fast2", "c1_fast_kernel"), entry("c1", "fast3", "c1_fast_kernel")
+    assert fast3.count("cvt.rn.satfinite.e4m3x2.f32") == fast2.count("cvt.rn.satfinite.e4m3x2.f32") + 2
+    assert "cvt.rn.bf16.f32" not in fast3 and "cvt.rn.bf16.f32" in fast2
+    pool2, pool3 = entry("c2_prefill", "fast2", "c2_prefill_fast_kernel"), entry("c2_prefill", "fast3", "c2_prefill_fast_kernel")
+    assert pool3.count("max.NaN.f32") == 16 and "max.NaN.f32" not in pool2
+    # the pool pass's register cap: 5 blocks of 128 threads per SM (fast2: 4)
+    assert ".minnctapersm 5" in pool3 and ".minnctapersm 4" in pool2
+    # fast3's exp constants come from the constant bank (fp64 FMA operands), fast2's are immediates
+    assert "ld.const.f64" in pool3 and "ld.const.f64" not in pool2
+
+
+def test_ptxas_report_hot_path_skips_slow_blocks() -> None:
+    """``ptxas_report.hot_path`` (the ``hot`` column of ``--sass``): a predicated branch over a short
+    block with a CALL (a slow path) is taken, one over ordinary code is not, BRA.DIV and a
+    predicated EXIT are not taken, an unconditional branch is followed to the final EXIT."""
+    from _jit_helpers import ptxas_report
+
+    def ins(op: str, pred: bool = False, rest: str = "") -> tuple[str, str, bool, str]:
+        return ("I", op, pred, rest)
+
+    items = [ins("S2R"), ins("BRA", True, " `(.L_x_0)"), ins("MOV"), ins("CALL.REL.NOINC"), ("L", ".L_x_0", False, ""),
+             ins("BRA.DIV", False, " UR4, `(.L_x_2)"), ins("EXIT", True), ins("BRA", True, " `(.L_x_1)"), ins("FADD"),
+             ("L", ".L_x_1", False, ""), ins("BRA", False, " `(.L_x_3)"), ("L", ".L_x_2", False, ""), ins("SHFL.IDX"),
+             ("L", ".L_x_3", False, ""), ins("EXIT")]
+    # S2R, BRA (taken over the slow block), BRA.DIV, @P EXIT, BRA (not taken), FADD, BRA, EXIT
+    assert ptxas_report().hot_path(items) == 8
+
+
+@pytest.mark.nvcc
+@requires_nvcc
 def test_pair_weight_exp_matches_glibc(tmp_path: Path) -> None:
     """The pair weight fp32(exp(-|d|)) as both kernel designs compute it (libdevice's exp fast path,
     replayed on the host) equals fp32(glibc exp) on a stride-97 sweep of every fp32 |d| < 104 (the
@@ -143,7 +210,10 @@ _GLOBAL_STORE = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:st\.global|atom\.global|red\
 @requires_nvcc
 @pytest.mark.parametrize("op,layout,design", [("c1", "v4", "fast"), ("c2_decode", "v41_fp4", "fast"),
                                               ("c2_prefill", "v4", "fast"), ("c1", "v41", "fast2"),
-                                              ("c2_decode", "v4", "fast2"), ("c2_decode", "v4", "base")])
+                                              ("c2_decode", "v4", "fast2"), ("c2_decode", "v4", "base"),
+                                              ("c1", "v4", "fast3"), ("c1", "v41_fp4", "fast3"),
+                                              ("c2_decode", "v41", "fast3"), ("c2_prefill", "v4", "fast3"),
+                                              ("c2_prefill", "uniform_fp8", "fast3")])
 def test_v41_kernels_wait_before_any_global_access(tmp_path: Path, op: str, layout: str, design: str) -> None:
     """Every v41 kernel is a programmatic dependent: griddepcontrol.wait precedes its first
     global-memory access (the pinned ld.volatile loads of the fast designs included) and its
