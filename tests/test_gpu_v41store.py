@@ -15,6 +15,8 @@ reference is the PyTorch backend on CPU copies of the same inputs, byte for byte
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -124,6 +126,8 @@ def test_compress_and_store_runs_the_two_steps(monkeypatch: pytest.MonkeyPatch, 
 def test_cuda_graph_capture_and_replay() -> None:
     """A captured decode store into a v41_fp4 cache (public API) replays with refreshed inputs like eager."""
     cases = [make_case("v41_fp4", torch.float32, True, rows=64, ratio=4, page_size=64, seed=s) for s in (1, 2)]
+    # the graph holds the first case's weight and RoPE table: the second case refreshes the rows only
+    cases[1] = dataclasses.replace(cases[1], norm_weight=cases[0].norm_weight, freq_cis=cases[0].freq_cis)
     static = {k: getattr(cases[0], k).to(DEV) for k in ("kv", "plan", "out_loc")}
     weight, freq = cases[0].norm_weight.to(DEV), cases[0].freq_cis.to(DEV)
     cache = cases[0].cache.to(DEV)
