@@ -43,9 +43,6 @@ namespace v41 {
 // keeps its 16 fp64 exps per lane from taking 200+ registers.
 inline constexpr int kFastMaxThreads = 128;
 inline constexpr int kFastC2MinBlocks = 4;
-// Fast3's c2 prefill pool pass: 5 such blocks per SM (96 registers, no spills: the norm weight is
-// loaded after the pooling), 20 warps instead of 16 to hide the fp64 exp chains.
-inline constexpr int kFast3PoolMinBlocks = 5;
 
 // Loads that stay where the source puts them (ld.volatile: ptxas neither sinks them past a branch
 // nor reorders them among themselves), so that a row's independent loads leave in one burst.
@@ -503,7 +500,7 @@ __global__ void __launch_bounds__(64) c2_split_kernel(const V41Args a) {
 // the two loads its row, its partner (the previous input row if same request, previous position
 // and not padded, else the ring row of pos - 1) and its RoPE row, and pools, norms and stores.
 template <V41Layout kLayout, V41Design kDesign>
-__global__ void __launch_bounds__(kFastMaxThreads, kDesign == V41Design::kFast3 ? kFast3PoolMinBlocks : kFastC2MinBlocks)
+__global__ void __launch_bounds__(kFastMaxThreads, kFastC2MinBlocks)
     c2_prefill_fast_kernel(const V41Args a) {
   pdl_enter<true>();
   const int lane = threadIdx.x & 31;

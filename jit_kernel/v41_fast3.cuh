@@ -18,9 +18,8 @@
 //     the packs without the NaN clamp (their operands are never NaN), joined by one mov;
 //   * c2 pool: the pair weight's |d| >= 104 / NaN cases by a clamp and one max.NaN (exp(-104)
 //     rounds to +0 in fp32) instead of selects, the exp constants from the constant bank, the
-//     quotient's range check by two magnitude compares, the pooled bf16 roundings two at a time;
-//     the prefill pool pass at 5 blocks per SM (96 registers: the norm weight loaded after the
-//     pooling) instead of 4.
+//     quotient's range check by two magnitude compares, the pooled bf16 roundings two at a time,
+//     the norm weight loaded after the pooling.
 #pragma once
 
 #include <cstdint>

@@ -147,7 +147,7 @@ def test_fast3_uses_the_hardware_scale_conversion(tmp_path: Path) -> None:
     conversions per row than fast2's, whose scale bytes take the software encoder) and rounds the
     latent two values per cvt.rn.bf16x2 (no scalar cvt.rn.bf16.f32 left in the kernel); its c2
     prefill pool pass takes the pair weight's NaN through max.NaN (fast2's: selects), reads its exp
-    constants from the constant bank and is compiled for 5 blocks per SM."""
+    constants from the constant bank; both designs compile the pool pass for 4 blocks per SM."""
     from _jit_helpers import variant_ptx
 
     def entry(op: str, design: str, name: str) -> str:
@@ -164,8 +164,8 @@ def test_fast3_uses_the_hardware_scale_conversion(tmp_path: Path) -> None:
     assert "cvt.rn.bf16.f32" not in fast3 and "cvt.rn.bf16.f32" in fast2
     pool2, pool3 = entry("c2_prefill", "fast2", "c2_prefill_fast_kernel"), entry("c2_prefill", "fast3", "c2_prefill_fast_kernel")
     assert pool3.count("max.NaN.f32") == 16 and "max.NaN.f32" not in pool2
-    # the pool pass's register cap: 5 blocks of 128 threads per SM (fast2: 4)
-    assert ".minnctapersm 5" in pool3 and ".minnctapersm 4" in pool2
+    # the pool pass's register cap: 4 blocks of 128 threads per SM (5 measured slower: RESULTS.md)
+    assert ".minnctapersm 4" in pool3 and ".minnctapersm 4" in pool2
     # fast3's exp constants come from the constant bank (fp64 FMA operands), fast2's are immediates
     assert "ld.const.f64" in pool3 and "ld.const.f64" not in pool2
 

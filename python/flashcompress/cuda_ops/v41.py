@@ -12,9 +12,9 @@ page size, ring size, draft length and ratio are runtime arguments.  ``design``:
 ``"base"`` (the first kernels), ``"fast"`` (latency-first load groups,
 one warp per block for decode-sized launches, division-free quantisation, branch-free
 pair weights, one warp per row pair in prefill) or ``"fast2"`` (``"fast"`` with two warps
-per row for decode-sized c1 and c2 decode / verify launches; the default) or ``"fast3"`` (``"fast2"``'s
+per row for decode-sized c1 and c2 decode / verify launches) or ``"fast3"`` (``"fast2"``'s
 launches with fewer instructions per row in the wide c1 / c2 kernels and the prefill pool pass:
-packed bf16 roundings, hardware e4m3 scale bytes, a select-free pair weight); index_k has only ``"base"``.  The calls below use :func:`current_design` (``set_design``, or the
+packed bf16 roundings, hardware e4m3 scale bytes, a select-free pair weight; the default); index_k has only ``"base"``.  The calls below use :func:`current_design` (``set_design``, or the
 environment variable ``FLASHCOMPRESS_V41_DESIGN`` at import).  One export, ``forward``
 (signatures in ``jit_kernel/v41_binding.h``).  Bytes equal the PyTorch backend's on every
 layout (``tests/test_gpu_v41_kernels.py``, ``tests/test_gpu_v41fast.py``).
@@ -40,7 +40,7 @@ EXPORTS = ("forward",)
 OPS = ("c1", "c2_decode", "c2_prefill", "index_k")
 LAYOUTS = tuple(m.value for m in KVLayout) + ("none",)
 DESIGNS = ("base", "fast", "fast2", "fast3")
-DEFAULT_DESIGN = "fast2"  # measured fastest in every c1 / c2 case (benchmarks/RESULTS.md, s17.4)
+DEFAULT_DESIGN = "fast3"  # measured fastest or level in every c1 / c2 case (benchmarks/RESULTS.md, s19.2)
 INDEX_K_DESIGN = "base"  # index_k has one design
 
 
