@@ -28,16 +28,16 @@ from flashcompress.jit.models import MODELS
 # Targets whose presets differ (V4.1: V4 layouts on Hopper, V41_FP4 / V41_FP4_NEW on SM100).
 PRESET_TARGETS = (None, "cuda:9.0a", "cuda:10.0a", "cuda:12.0a", "hip:gfx942")
 V41_FLASH_LIST = [
-    "v41(op='c1', layout='v4', design='fast2') @ cuda:9.0a",
-    "v41(op='c2_decode', layout='v4', design='fast2') @ cuda:9.0a",
-    "v41(op='c2_prefill', layout='v4', design='fast2') @ cuda:9.0a",
+    "v41(op='c1', layout='v4', design='fast3') @ cuda:9.0a",
+    "v41(op='c2_decode', layout='v4', design='fast3') @ cuda:9.0a",
+    "v41(op='c2_prefill', layout='v4', design='fast3') @ cuda:9.0a",
     "v41(op='index_k', layout='none', design='base') @ cuda:9.0a",
-    "v41(op='c1', layout='v41_fp4', design='fast2') @ cuda:10.0a",
-    "v41(op='c2_decode', layout='v41_fp4', design='fast2') @ cuda:10.0a",
-    "v41(op='c2_prefill', layout='v41_fp4', design='fast2') @ cuda:10.0a",
-    "v41(op='c1', layout='v41_fp4_new', design='fast2') @ cuda:10.0a",
-    "v41(op='c2_decode', layout='v41_fp4_new', design='fast2') @ cuda:10.0a",
-    "v41(op='c2_prefill', layout='v41_fp4_new', design='fast2') @ cuda:10.0a",
+    "v41(op='c1', layout='v41_fp4', design='fast3') @ cuda:10.0a",
+    "v41(op='c2_decode', layout='v41_fp4', design='fast3') @ cuda:10.0a",
+    "v41(op='c2_prefill', layout='v41_fp4', design='fast3') @ cuda:10.0a",
+    "v41(op='c1', layout='v41_fp4_new', design='fast3') @ cuda:10.0a",
+    "v41(op='c2_decode', layout='v41_fp4_new', design='fast3') @ cuda:10.0a",
+    "v41(op='c2_prefill', layout='v41_fp4_new', design='fast3') @ cuda:10.0a",
     "v41(op='index_k', layout='none', design='base') @ cuda:10.0a",
 ]
 

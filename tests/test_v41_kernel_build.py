@@ -49,7 +49,7 @@ def test_v41_family_registration() -> None:
     variants = fam.expand()
     assert len(variants) == 3 * 6 * 4 + 1  # (c1, c2_decode, c2_prefill) x layouts x designs + index_k
     assert {"op": "index_k", "layout": "none", "design": "base"} in variants
-    assert fam.key(target="cuda:9.0a", op="c1", layout="v4").param_dict["design"] == "fast2"
+    assert fam.key(target="cuda:9.0a", op="c1", layout="v4").param_dict["design"] == "fast3"
     with pytest.raises(ValueError):
         fam.key(target="cuda:9.0a", op="c1", layout="none")
     with pytest.raises(ValueError):
