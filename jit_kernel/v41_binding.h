@@ -25,6 +25,7 @@
 
 #include "ffi_check.h"
 #include "gpu_runtime.h"
+#include "layout.h"
 #include "v41_launch.h"
 
 namespace flashcompress {
@@ -33,35 +34,30 @@ namespace v41_binding {
 namespace chk = ::flashcompress::ffi_check;
 using tvm::ffi::TensorView;
 
-struct LayoutBytes {
-  int64_t data, scale;
-  bool interleaved;
-};
-
-constexpr LayoutBytes layout_bytes(V41Layout l) {
+// The cache format of a layout's page (layout.h, the one C++ table of cache bytes); index-K
+// (kNone) pages have the FP4 indexer's geometry: 64 payload + 4 scale bytes per slot, block-split.
+constexpr StoreFormat store_format_of(V41Layout l) {
   switch (l) {
-    case V41Layout::kV4: return {576, 8, false};
-    case V41Layout::kV41: return {512, 16, false};
-    case V41Layout::kV41Fp4: return {256, 32, false};
-    case V41Layout::kUniformFp8: return {512, 0, false};
-    case V41Layout::kV41New: return {512, 16, true};
-    case V41Layout::kV41Fp4New: return {256, 32, true};
-    default: return {64, 4, false};  // index-K: 64 payload + 4 scale bytes, block-split
+    case V41Layout::kV4: return StoreFormat::kV4;
+    case V41Layout::kV41: return StoreFormat::kV41;
+    case V41Layout::kV41Fp4: return StoreFormat::kV41Fp4;
+    case V41Layout::kUniformFp8: return StoreFormat::kUniformFp8;
+    case V41Layout::kV41New: return StoreFormat::kV41New;
+    case V41Layout::kV41Fp4New: return StoreFormat::kV41Fp4New;
+    default: return StoreFormat::kIndexFp4;
   }
 }
 
 // Page geometry of `layout` at `page_size` slots (layouts.py KVLayout.row_addressing).
 inline V41Paging paging_of(V41Layout layout, int64_t page_size, int32_t shift) {
-  const LayoutBytes b = layout_bytes(layout);
-  const int64_t bpt = b.data + b.scale;
-  const int64_t align = b.interleaved || layout == V41Layout::kNone ? bpt : b.data;
+  const CacheFormatBytes f = cache_format(store_format_of(layout));
   V41Paging p{};
-  p.page_bytes = (page_size * bpt + align - 1) / align * align;
+  p.page_bytes = cache_page_bytes(store_format_of(layout), page_size);
   p.page_shift = shift;
-  if (b.interleaved) {
-    p.data_stride = bpt, p.scale_base = b.data, p.scale_stride = bpt;
+  if (f.interleaved) {
+    p.data_stride = f.data_bytes + f.scale_bytes, p.scale_base = f.data_bytes, p.scale_stride = p.data_stride;
   } else {
-    p.data_stride = b.data, p.scale_base = page_size * b.data, p.scale_stride = b.scale;
+    p.data_stride = f.data_bytes, p.scale_base = page_size * f.data_bytes, p.scale_stride = f.scale_bytes;
   }
   return p;
 }

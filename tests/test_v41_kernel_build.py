@@ -92,16 +92,24 @@ def _probe_values() -> torch.Tensor:
     return x[~torch.isnan(x)]
 
 
+def _host_check(tmp_path: Path, name: str, *args: str, opt: str = "-O2", stdin: str | None = None) -> str:
+    """Compile ``tests/native/<name>.cpp`` on the host (``-ffp-contract=off``: every fma as written,
+    ``jit_kernel/`` on the include path), run it and return its stdout; a non-zero exit fails."""
+    cxx = shutil.which(os.environ.get("CXX") or "c++")
+    exe = tmp_path / name
+    subprocess.run([cxx, "-std=c++17", opt, "-ffp-contract=off", f"-I{REPO / 'jit_kernel'}",
+                    str(REPO / f"tests/native/{name}.cpp"), "-o", str(exe)], check=True, capture_output=True, text=True)
+    res = subprocess.run([str(exe), *args], input=stdin, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
 @pytest.mark.nvcc
 @requires_nvcc
 def test_e2m1_encoder_matches_reference(tmp_path: Path) -> None:
-    cxx = shutil.which(os.environ.get("CXX") or "c++")
-    exe = tmp_path / "v41_quant_host"
-    subprocess.run([cxx, "-std=c++17", "-O1", f"-I{REPO / 'jit_kernel'}", str(REPO / "tests/native/v41_quant_host.cpp"),
-                    "-o", str(exe)], check=True, capture_output=True, text=True)
     x = _probe_values()
     stdin = "\n".join(str(int(b) & 0xFFFFFFFF) for b in x.view(torch.int32).tolist())
-    out = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, check=True).stdout.split()
+    out = _host_check(tmp_path, "v41_quant_host", opt="-O1", stdin=stdin).split()
     got = torch.tensor([int(v) for v in out], dtype=torch.uint8)
     want = e2m1_rne_codes(x)
     bad = got != want
@@ -111,14 +119,8 @@ def test_e2m1_encoder_matches_reference(tmp_path: Path) -> None:
 @pytest.mark.nvcc
 @requires_nvcc
 def test_fast_division_free_quantisation_is_exact(tmp_path: Path) -> None:
-    cxx = shutil.which(os.environ.get("CXX") or "c++")
-    exe = tmp_path / "v41_div_host"
-    subprocess.run([cxx, "-std=c++17", "-O2", "-ffp-contract=off", f"-I{REPO / 'jit_kernel'}",
-                    str(REPO / "tests/native/v41_div_host.cpp"), "-o", str(exe)], check=True, capture_output=True,
-                   text=True)
-    res = subprocess.run([str(exe)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "fake_quant_grid_bad 0 fp4_code_bad 0" in res.stdout and "code_bad 0" in res.stdout, res.stdout
+    out = _host_check(tmp_path, "v41_div_host")
+    assert "fake_quant_grid_bad 0 fp4_code_bad 0" in out and "code_bad 0" in out, out
 
 
 @pytest.mark.nvcc
@@ -129,15 +131,8 @@ def test_fast3_primitives_are_exact(tmp_path: Path) -> None:
     reciprocal (one Newton step from any estimate within 16 ulps) on every e4m3 scale, the fake-quant
     grid with its copied sign on every bf16 input and scale, and the pair weight's clamp at
     |d| = 104 (+0: fp32(exp(-104)), libdevice's path and glibc)."""
-    cxx = shutil.which(os.environ.get("CXX") or "c++")
-    exe = tmp_path / "v41_fast3_host"
-    subprocess.run([cxx, "-std=c++17", "-O2", "-ffp-contract=off", f"-I{REPO / 'jit_kernel'}",
-                    str(REPO / "tests/native/v41_fast3_host.cpp"), "-o", str(exe)], check=True, capture_output=True,
-                   text=True)
-    res = subprocess.run([str(exe)], capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert "value_bad 0 clamp_ok 1" in res.stdout and "recip_bad 0" in res.stdout and " grid_bad 0" in res.stdout, \
-        res.stdout
+    out = _host_check(tmp_path, "v41_fast3_host")
+    assert "value_bad 0 clamp_ok 1" in out and "recip_bad 0" in out and " grid_bad 0" in out, out
 
 
 @pytest.mark.nvcc
@@ -193,12 +188,8 @@ def test_pair_weight_exp_matches_glibc(tmp_path: Path) -> None:
     """The pair weight fp32(exp(-|d|)) as both kernel designs compute it (libdevice's exp fast path,
     replayed on the host) equals fp32(glibc exp) on a stride-97 sweep of every fp32 |d| < 104 (the
     full sweep, stride 1, found no difference either: tests/native/v41_exp_host.cpp without args)."""
-    cxx = shutil.which(os.environ.get("CXX") or "c++")
-    exe = tmp_path / "v41_exp_host"
-    subprocess.run([cxx, "-std=c++17", "-O2", "-ffp-contract=off", str(REPO / "tests/native/v41_exp_host.cpp"),
-                    "-o", str(exe)], check=True, capture_output=True, text=True)
-    res = subprocess.run([str(exe), "97"], capture_output=True, text=True)
-    assert res.returncode == 0 and " differ 0" in res.stdout, res.stdout
+    out = _host_check(tmp_path, "v41_exp_host", "97")
+    assert " differ 0" in out, out
 
 
 _GLOBAL_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld\.global|ld\.volatile\.global|st\.global|atom\.global|red\.global"
