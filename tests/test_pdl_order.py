@@ -130,7 +130,8 @@ def test_the_check_catches_an_early_access() -> None:
     assert _GLOBAL.search(good).start() > good.find(_WAIT)
 
 
-_STORE = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:st\.global|red\.global|atom\.global|st\.async|cp\.async\.bulk\.global)", re.M)
+_STORE = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:st\.global|red\.global|atom\.global|st\.async"
+                    r"|cp\.async\.bulk\.global)", re.M)
 _LOAD = re.compile(r"^\s*(?:@!?%p\d+\s+)?ld\.global", re.M)
 
 

@@ -58,7 +58,8 @@ void row(const char* fmt, const char* pass) {
   static_assert(fc::kHasClusters || !C::kCluster, "cluster variant on a target without clusters");
   static_assert(kTiling == Tiling::kWholeRow || same_arithmetic<C, A>(),
                 "closing / spread_write must pool every channel as kAuto does (same bytes)");
-  static_assert(kTiling == Tiling::kWholeRow || C::kSpreadWrite || (same_tiling<C, A>() && C::kLoadBatch == A::kLoadBatch),
+  static_assert(kTiling == Tiling::kWholeRow || C::kSpreadWrite ||
+                    (same_tiling<C, A>() && C::kLoadBatch == A::kLoadBatch),
                 "closing / spread_write: kAuto's tiling outside the spread write list");
   std::printf("%s %d %d %d %s %s %d %d %d %d %d %d %d %d %d\n", tiling_name(kTiling), kRatio, kOnline ? 1 : 0, kHead,
               fmt, pass, C::kChans, C::kSplit, C::kBatch, C::kLanes, C::kCSplit, C::kThreads, C::kCluster ? 1 : 0,
