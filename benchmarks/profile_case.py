@@ -1,6 +1,6 @@
 """Run one benchmark case's op a few times, for a profiler (Nsight Compute, compute-sanitizer).
 
-    python benchmarks/profile_case.py --case prefill-32768 --layer c128-512 --op fused [--calls 3]
+    python benchmarks/profile_case.py --case prefill-32768 --layer c128-512 --op fused [--calls 3] [--tiling T]
     ncu --clock-control none --kernel-name-base demangled -k 'regex:flashcompress::(compress|store)::' \\
         --launch-skip 2 --launch-count 1 --section SpeedOfLight \\
         python benchmarks/profile_case.py --case decode-B512-bnd --layer c128-512 --op fused
@@ -16,6 +16,7 @@ Stores go to the layer kind's cache of the benchmarks (C4 main KV: V4 at page 64
 FP8 at page 64, C128 and online: V4 at page 2). No timing: the profiler measures. Each call
 is followed by a synchronisation, so every launch of call i precedes every launch of call i + 1
 (decode: 1 launch per call; prefill compress / fused: 2, the pooling pass then the write pass).
+``--tiling``: the compress variants' tiling (``cuda_ops.compress.set_tiling``; default "auto").
 """
 
 from __future__ import annotations
@@ -38,10 +39,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layer", required=True, choices=sorted(STORES))
     p.add_argument("--op", choices=("compress", "store", "fused"), default="fused")
     p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--tiling", default=None, help="compress variant tiling (auto, whole_row, closing, spread_write)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")
     dev = torch.device("cuda")
+    C.use_tiling(args.tiling, dev)
     specs = {c.name: c for c in (*C.all_cases(dev), *C.DIAGNOSTIC_CASES)}
     if args.case not in specs:
         p.error(f"unknown case {args.case!r}; known: {', '.join(specs)}")

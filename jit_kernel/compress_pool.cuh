@@ -160,9 +160,11 @@ __device__ __forceinline__ void fold_batch(const int (&kind)[B], const RawIn (&i
   }
 }
 
-// Prefill, one batch: entries e0 + b0 + k (k < kBatch) of channels c..c+kVecW-1 from the row
-// pointers of pool_entries (entry e0 + j of the input is j rows past in_e0; of the state, j rows
-// past st_a, or for C4 entry e of the state e rows past st_a / e - 4 + 4 rows past st_b).
+// Prefill, one load batch: entries e0 + b0 + k (k < kLoadBatch) of channels c..c+kVecW-1 from
+// the row pointers of pool_entries (entry e0 + j of the input is j rows past in_e0; of the state,
+// j rows past st_a, or for C4 entry e of the state e rows past st_a / e - 4 + 4 rows past st_b),
+// folded kBatch entries at a time in entry order (fold_batch; the first fold replaces the empty
+// state), so the load batch sets only how many loads are in flight, never the arithmetic.
 // kInputOnly: the batch starts at or past buf_len (the common case; uniform over a warp), so no
 // entry needs a choice of its source row.
 template <class C, bool kInputOnly>
@@ -173,7 +175,7 @@ __device__ __forceinline__ void pool_batch(const Window& w, const int e0, const 
   using TIn = typename C::TIn;
   using TState = typename C::TState;
   constexpr int V = C::kVecW;
-  constexpr int B = C::kBatch;
+  constexpr int B = C::kLoadBatch;
   constexpr bool kSame = std::is_same_v<TIn, TState>;
   // Regular C128 windows have no padding entries (every entry of [0, W) is live).
   constexpr bool kAllLive = C::kRatio == 128 && !C::kOnline;
@@ -204,12 +206,40 @@ __device__ __forceinline__ void pool_batch(const Window& w, const int e0, const 
     }
     if (kind[k] != 0) bias[k] = load_vec<TIn, V>(bias_e0 + j * C::H);
   }
-  fold_batch<C>(kind, in_kv, in_sc, st_kv, st_sc, bias, b0 == 0, acc);
+  if constexpr (B == C::kBatch) {
+    fold_batch<C>(kind, in_kv, in_sc, st_kv, st_sc, bias, b0 == 0, acc);
+  } else {
+    constexpr int F = C::kBatch;
+    constexpr int FS = kSame ? 1 : F;
+#pragma unroll
+    for (int f = 0; f < B; f += F) {
+      int fk[F];
+      Vec<TIn, V> fkv[F], fsc[F], fb[F];
+      Vec<TState, V> fskv[FS], fssc[FS];
+#pragma unroll
+      for (int k = 0; k < F; ++k) {
+        fk[k] = kind[f + k];
+        fkv[k] = in_kv[f + k];
+        fsc[k] = in_sc[f + k];
+        fb[k] = bias[f + k];
+        if constexpr (!kSame) {
+          fskv[k] = st_kv[f + k];
+          fssc[k] = st_sc[f + k];
+        }
+      }
+      if constexpr (kSame) {
+        fskv[0] = st_kv[0];
+        fssc[0] = st_sc[0];
+      }
+      fold_batch<C>(fk, fkv, fsc, fskv, fssc, fb, b0 + f == 0, acc);
+    }
+  }
 }
 
-// Accumulate this thread's entries [e0, e0 + kPerSplit) for channels c..c+kVecW-1, kBatch entries
-// at a time: every load of a batch is issued before the first one is used (the addresses depend
-// only on the plan row), so a thread waits for one memory round trip per batch, not per entry.
+// Accumulate this thread's entries [e0, e0 + kPerSplit) for channels c..c+kVecW-1, kLoadBatch
+// entries at a time: every load of a batch is issued before the first one is used (the addresses
+// depend only on the plan row), so a thread waits for one memory round trip per batch, not per
+// entry.
 template <class C>
 __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
                                              const typename C::TState* state,
@@ -220,6 +250,8 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
   using TState = typename C::TState;
   constexpr int V = C::kVecW;
   constexpr int B = C::kBatch;
+  static_assert(C::kDecode || C::kLoadBatch % B == 0, "prefill load batches fold in kBatch entries");
+  static_assert(!C::kDecode || C::kLoadBatch == B, "decode loads and folds the same batches");
   static_assert(C::kRatio == 128 || C::kSplit == 1, "C4 indexes its state rows by entry: one split (e0 == 0)");
   const TIn* bias_e0 = ape + static_cast<int64_t>(C::kOnlineDecode ? w.bias_base : e0) * C::H + c;
   if constexpr (!C::kDecode) {
@@ -231,7 +263,7 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
     const TState* st_b = state + (w.page1 * 4 - 4) * C::kStateWidth + c;
     const TIn* in_e0 = input + (w.q_first + e0) * C::kInWidth + c;
 #pragma unroll C::kUnroll
-    for (int b0 = 0; b0 < C::kPerSplit; b0 += B) {
+    for (int b0 = 0; b0 < C::kPerSplit; b0 += C::kLoadBatch) {
       if (e0 + b0 >= w.buf_len) {
         pool_batch<C, true>(w, e0, b0, st_a, st_b, in_e0, bias_e0, acc);
       } else {

@@ -16,6 +16,10 @@
 // C128 (Cfg::kNarrow): 8 blocks of 512 threads per row, 64 channels each; thread
 // (split s, vector v) loads entries 8s..8s+7 of channels 2v, 2v+1 (kv, score, bias: 24 8-byte
 // loads) in one burst, then the 16 splits' partials meet in shared memory (pool_row).
+// Online C128: 4 blocks of 512 threads per segment, 128 channels each; thread (s, v) pools
+// entries 8s..8s+7 of channels 4v..4v+3 in 4 load batches of 2. The write list under
+// Tiling::kSpreadWrite: 16 blocks of 128 threads per segment, 32 channels each, the same thread
+// mapping with the 8 entries' 24 16-byte loads in one burst (folded 2 at a time: same bytes).
 #pragma once
 
 #include <cstdint>

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from _jit_helpers import NVCC, REPO, requires_nvcc_only, variant_ptx
+from flashcompress.cuda_ops.compress import TILINGS
 
 pytestmark = requires_nvcc_only
 
@@ -66,7 +67,7 @@ def _tilings(tmp: Path, has_clusters: int) -> dict[tuple[str, ...], dict[str, in
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr[-3000:]}"
     lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
     assert lines[0] == f"has_clusters {has_clusters}"
-    fields = ("chans", "split", "batch", "lanes", "csplit", "threads", "cluster")
+    fields = ("chans", "split", "batch", "lanes", "csplit", "threads", "cluster", "load_batch", "per_split")
     return {tuple(p[:6]): dict(zip(fields, map(int, p[6:]))) for p in (line.split() for line in lines[1:])}
 
 
@@ -74,7 +75,8 @@ def test_tiling_by_target(tmp_path) -> None:
     """Each configuration's tiling with and without clusters (the build also checks, at compile
     time, that a store variant pools with its compress_forward variant's tiling)."""
     both_cl, both_nocl = _tilings(tmp_path, 1), _tilings(tmp_path, 0)
-    assert both_cl.keys() == both_nocl.keys() and len(both_cl) == 40
+    assert both_cl.keys() == both_nocl.keys() and len(both_cl) == 80  # 20 configurations x 4 tilings
+    assert {k[0] for k in both_cl} == set(TILINGS)
     # tiling="whole_row" tiles as a target without clusters, on every target
     for key, t in both_cl.items():
         if key[0] == "whole_row":
@@ -96,3 +98,26 @@ def test_tiling_by_target(tmp_path) -> None:
     for key in cl:
         if key[0] == "4" or (key[1] == "1" and key[4] == "decode"):
             assert cl[key] == nocl[key], key
+
+
+def test_spread_write_tiling(tmp_path) -> None:
+    """``tiling="spread_write"``: kAuto's tiling except the online C128 write list on sm_90, which
+    spreads a segment over 16 blocks of 32 channels (128 threads, no cluster: it stores no cache
+    row) and loads a thread's 8 entries in one burst, with kAuto's per-channel merge sequence
+    (entries per split, fold batch, splits, combine lanes); without clusters it is kAuto."""
+    for has_clusters in (1, 0):
+        rows = _tilings(tmp_path, has_clusters)
+        spread = {k[1:]: v for k, v in rows.items() if k[0] == "spread_write"}
+        auto = {k[1:]: v for k, v in rows.items() if k[0] == "auto"}
+        assert spread.keys() == auto.keys()
+        writes = [k for k in spread if k[4] == "write"]
+        assert len(writes) == 2  # online C128, stored and not
+        for key, t in spread.items():
+            if key not in writes or not has_clusters:
+                assert t == auto[key], (has_clusters, key)
+                continue
+            a = auto[key]
+            assert (a["chans"], a["csplit"], a["threads"], a["load_batch"]) == (128, 4, 512, 2), key
+            assert (t["chans"], t["csplit"], t["threads"], t["cluster"], t["load_batch"]) == (32, 16, 128, 0, 8), key
+            for field in ("split", "batch", "lanes", "per_split"):
+                assert t[field] == a[field], (key, field)

@@ -12,6 +12,8 @@ prefill (``write_kernel``, the online write list) read their input before their 
 they are dependents of pass 1, which triggers them only at its end, after its own wait.
 A second test checks each kernel's trigger position: right after the wait (before any global
 access) in the standalone store and C4 decode, after the block's first global access elsewhere.
+A third checks the write passes of every tiling: input loads before the wait, every state store
+after the last wait, no trigger.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from _jit_helpers import ptxas_report, requires_nvcc_only, variant_ptx
+from flashcompress.cuda_ops.compress import TILINGS
 
 pytestmark = requires_nvcc_only
 
@@ -33,6 +36,7 @@ VARIANTS = [
     ("compress", {"ratio": 4, "online": False, "head_dim": 128, "store": "idx_fp8", **F32}),
     ("compress", {"ratio": 128, "online": False, "head_dim": 512, "store": "v4", **F32}),
     ("compress", {"ratio": 128, "online": True, "head_dim": 512, "store": "none", **F32}),
+    ("compress", {"ratio": 128, "online": True, "head_dim": 512, "store": "none", **F32, "tiling": "spread_write"}),
 ]
 # Any access to global memory (loads, stores, atomics, async copies from global, prefetches);
 # parameter, shared-memory and mbarrier instructions do not count.
@@ -124,3 +128,75 @@ def test_the_check_catches_an_early_access() -> None:
     assert first is not None and first.start() < bad.find(_WAIT)
     good = "ld.param.u64 %rd1, [p];\nst.shared.u32 [%r2], %r1;\ngriddepcontrol.wait;\n@%p1 ld.global.nc.v4.f32 {%f1}, [%rd1];\n"
     assert _GLOBAL.search(good).start() > good.find(_WAIT)
+
+
+_STORE = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:st\.global|red\.global|atom\.global|st\.async"
+                    r"|cp\.async\.bulk\.global)", re.M)
+_LOAD = re.compile(r"^\s*(?:@!?%p\d+\s+)?ld\.global", re.M)
+
+
+def _is_write_pass(demangled: str) -> bool:
+    return "write_kernel" in demangled or ("prefill_kernel" in demangled and "::Pass)2>" in demangled)
+
+
+def _check_write_pass(name: str, body: str) -> None:
+    """A write pass reads its input before its wait and writes the state only after one: each
+    global store has a wait before it in the text with no ``ret`` between them and no label
+    between them that a branch before that wait jumps to (so every path to the store passes the
+    wait); and it never triggers dependents of its own."""
+    waits = [m.start() for m in re.finditer(re.escape(_WAIT), body)]
+    assert waits, f"{name}: no {_WAIT}"
+    stores = [m.start() for m in _STORE.finditer(body)]
+    loads = [m.start() for m in _LOAD.finditer(body)]
+    assert stores and loads, f"{name}: no global stores / loads found (pattern out of date?)"
+    rets = [m.start() for m in re.finditer(r"^\s*(?:@!?%p\d+\s+)?ret;", body, re.M)]
+    labels = {m.group(1): m.start() for m in re.finditer(r"^(\$\w+):", body, re.M)}
+    branches = [(m.start(), m.group(1)) for m in re.finditer(r"\bbra(?:\.uni)?\s+(\$\w+);", body)]
+    for st in stores:
+        before = [w for w in waits if w < st]
+        assert before, f"{name}: a global store before any {_WAIT}"
+        w = before[-1]
+        assert not any(w < r < st for r in rets), f"{name}: a global store after a ret, with no {_WAIT} between"
+        for pos, label in branches:
+            assert not (pos < w < labels.get(label, -1) < st), \
+                f"{name}: a global store reached by a branch ({label}) past the {_WAIT}"
+    assert min(loads) < min(waits), f"{name}: its input is read only after {_WAIT}"
+    assert _TRIGGER not in body, f"{name}: a write pass triggers dependents"
+
+
+@pytest.mark.parametrize("params", [
+    {"ratio": 128, "online": True, "head_dim": 512, "store": "none", **F32},
+    {"ratio": 128, "online": True, "head_dim": 512, "store": "v4", **F32},
+    {"ratio": 128, "online": False, "head_dim": 512, "store": "none", **F32},
+], ids=["online-none", "online-v4", "c128-none"])
+@pytest.mark.parametrize("tiling", TILINGS)
+def test_write_pass_loads_before_its_wait_and_stores_after(tmp_path, params: dict, tiling: str) -> None:
+    """Every tiling's prefill write pass (ring rows alias: pass 1's reads precede its writes):
+    the window / input loads fly before the wait, every state store follows it."""
+    ptx = _ptx("compress", {**params, "tiling": tiling}, tmp_path)
+    bodies = _entries(ptx)
+    names = ptxas_report().demangle(list(bodies))
+    checked = [names[m] for m in bodies if _is_write_pass(names[m])]
+    assert len(checked) == 1, f"write passes found: {checked}"
+    for mangled, body in bodies.items():
+        if _is_write_pass(names[mangled]):
+            _check_write_pass(names[mangled], body)
+
+
+def test_the_write_pass_check_catches_an_early_store() -> None:
+    good = ("ld.global.u32 %r1, [%rd1];\ngriddepcontrol.wait;\nbar.sync 0;\ngriddepcontrol.wait;\n"
+            "st.global.f32 [%rd2], %f1;\n")
+    _check_write_pass("good", good)
+    bad = "ld.global.u32 %r1, [%rd1];\n@%p1 st.global.f32 [%rd2], %f1;\ngriddepcontrol.wait;\n"
+    with pytest.raises(AssertionError, match="store before"):
+        _check_write_pass("bad", bad)
+    after_ret = "ld.global.u32 %r1, [%rd1];\ngriddepcontrol.wait;\nret;\n$L1:\nst.global.f32 [%rd2], %f1;\n"
+    with pytest.raises(AssertionError, match="after a ret"):
+        _check_write_pass("after_ret", after_ret)
+    jumped = ("ld.global.u32 %r1, [%rd1];\n@%p1 bra $L1;\ngriddepcontrol.wait;\n$L1:\n"
+              "st.global.f32 [%rd2], %f1;\n")
+    with pytest.raises(AssertionError, match="branch"):
+        _check_write_pass("jumped", jumped)
+    late = "griddepcontrol.wait;\nld.global.u32 %r1, [%rd1];\nst.global.f32 [%rd2], %f1;\n"
+    with pytest.raises(AssertionError, match="read only after"):
+        _check_write_pass("late", late)

@@ -2,9 +2,13 @@
 // FC_HAS_CLUSTERS=0 and =1, it instantiates compress::Cfg for every tiling, pass, ratio, head dim
 // and store format and prints one line per configuration:
 //   <tiling> <ratio> <online> <head> <fmt> <pass> kChans kSplit kBatch kLanes kCSplit kThreads cluster
-// The invariant the fused path's parity rests on is checked at compile time too: a variant that
-// stores (fmt != none) pools every row with exactly the tiling of its compress_forward variant,
-// so both paths add the same partials in the same order.
+//   kLoadBatch kPerSplit
+// Two invariants are checked at compile time too: a variant that stores (fmt != none) pools
+// every row with exactly the tiling of its compress_forward variant, so both paths add the same
+// partials in the same order; and every tiling's per-channel arithmetic (entries per split, fold
+// batch, splits, combine lanes) is kAuto's wherever the result must have kAuto's bytes: every
+// pass of kClosing and kSpreadWrite (kSpreadWrite's write list differs only in channels per
+// block and load batch).
 #include <cstdio>
 
 #include "compress.cuh"
@@ -32,21 +36,42 @@ constexpr bool same_tiling() {
          A::kThreads == B::kThreads && A::kUnroll == B::kUnroll;
 }
 
+// The same sequence of softmax merges per channel (which channels a block holds, and how many
+// loads fly at once, change no value).
+template <class A, class B>
+constexpr bool same_arithmetic() {
+  return A::kPerSplit == B::kPerSplit && A::kSplit == B::kSplit && A::kBatch == B::kBatch && A::kLanes == B::kLanes &&
+         A::kVecW == B::kVecW && A::kFastExp == B::kFastExp;
+}
+
+constexpr const char* tiling_name(Tiling t) {
+  return t == Tiling::kAuto ? "auto" : t == Tiling::kWholeRow ? "whole_row" : t == Tiling::kClosing ? "closing"
+                                                                                                   : "spread_write";
+}
+
 template <Tiling kTiling, int kRatio, bool kOnline, int kHead, StoreFormat kFmt, Pass kPass>
 void row(const char* fmt, const char* pass) {
   using C = Cfg<kRatio, kOnline, kHead, DType::kF32, DType::kF32, DType::kF32, kFmt, kTiling, kPass>;
   using N = Cfg<kRatio, kOnline, kHead, DType::kF32, DType::kF32, DType::kF32, StoreFormat::kNone, kTiling, kPass>;
+  using A = Cfg<kRatio, kOnline, kHead, DType::kF32, DType::kF32, DType::kF32, kFmt, Tiling::kAuto, kPass>;
   static_assert(same_tiling<C, N>(), "a store variant must pool with its compress_forward variant's tiling");
   static_assert(fc::kHasClusters || !C::kCluster, "cluster variant on a target without clusters");
-  std::printf("%s %d %d %d %s %s %d %d %d %d %d %d %d\n", kTiling == Tiling::kAuto ? "auto" : "whole_row", kRatio,
-              kOnline ? 1 : 0, kHead, fmt, pass, C::kChans, C::kSplit, C::kBatch, C::kLanes, C::kCSplit, C::kThreads,
-              C::kCluster ? 1 : 0);
+  static_assert(kTiling == Tiling::kWholeRow || same_arithmetic<C, A>(),
+                "closing / spread_write must pool every channel as kAuto does (same bytes)");
+  static_assert(kTiling == Tiling::kWholeRow || C::kSpreadWrite ||
+                    (same_tiling<C, A>() && C::kLoadBatch == A::kLoadBatch),
+                "closing / spread_write: kAuto's tiling outside the spread write list");
+  std::printf("%s %d %d %d %s %s %d %d %d %d %d %d %d %d %d\n", tiling_name(kTiling), kRatio, kOnline ? 1 : 0, kHead,
+              fmt, pass, C::kChans, C::kSplit, C::kBatch, C::kLanes, C::kCSplit, C::kThreads, C::kCluster ? 1 : 0,
+              C::kLoadBatch, C::kPerSplit);
 }
 
 template <int kRatio, bool kOnline, int kHead, StoreFormat kFmt>
 void passes(const char* fmt) {
   passes_for<Tiling::kAuto, kRatio, kOnline, kHead, kFmt>(fmt);
   passes_for<Tiling::kWholeRow, kRatio, kOnline, kHead, kFmt>(fmt);
+  passes_for<Tiling::kClosing, kRatio, kOnline, kHead, kFmt>(fmt);
+  passes_for<Tiling::kSpreadWrite, kRatio, kOnline, kHead, kFmt>(fmt);
 }
 
 int main() {

@@ -16,7 +16,10 @@ Variant parameters::
                 "whole_row" (one 512-thread block per C128 row, as on targets without clusters) |
                 "closing" ("auto", but the C128 decode of every batch size by the grid that pools
                 only the window-closing requests, copies spread over all blocks: "auto" uses it
-                for batches of more than 128 requests, one block per (request, slice) below)
+                for batches of more than 128 requests, one block per (request, slice) below) |
+                "spread_write" ("auto", but the online C128 prefill's write pass on 16 blocks of
+                32 channels per segment instead of 4 of 128, each thread's 8 window entries
+                loaded in one burst; same state bytes as "auto")
 
 ``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword, so a test can run
 every tiling on one GPU; without it they run the process-wide tiling of ``set_tiling`` (default
@@ -48,13 +51,16 @@ from ..jit.models import model_config
 from ..validation import CompressCall
 from .store import freq_table
 
-__all__ = ["COMPRESS", "compress_and_store", "compress_forward", "current_tiling", "set_tiling"]
+__all__ = ["COMPRESS", "TILINGS", "compress_and_store", "compress_forward", "current_tiling", "set_tiling"]
 
 _DTYPES: dict[torch.dtype, str] = {torch.float32: "f32", torch.bfloat16: "bf16"}
 # The cache formats the compress kernel's store epilogue writes (the family's ``store`` values
 # other than "none"); any other format (the V4.1 layouts) is stored by the store kernel after it.
 _STORES = ("none", "v4", "idx_fp8", "idx_fp4", "bf16")
 EPILOGUE_FORMATS: frozenset[str] = frozenset(_STORES[1:])
+# The family's ``tiling`` values (the module docstring; templates/_common.j2 maps them to
+# jit_kernel/compress_launch.h's Tiling).
+TILINGS: tuple[str, ...] = ("auto", "whole_row", "closing", "spread_write")
 
 
 def _validate(p: Mapping[str, Any]) -> None:
@@ -134,7 +140,7 @@ COMPRESS = register_family(
             "state_dtype": ("f32", "bf16"),
             "out_dtype": ("f32", "bf16"),
             "store": _STORES,
-            "tiling": ("auto", "whole_row", "closing"),
+            "tiling": TILINGS,
         },
         defaults={"tiling": "auto"},
         warmup=_warmup,
@@ -162,7 +168,6 @@ def _module(ratio: int, online: bool, head_dim: int, inp: torch.dtype, state: to
     return module
 
 
-_TILINGS = ("auto", "whole_row", "closing")
 _TILING = "auto"
 
 
@@ -172,8 +177,8 @@ def set_tiling(tiling: str) -> None:
     For A/B runs of kernel designs (``benchmarks/ --tiling``); the fast path's memoised
     bindings are forgotten so that it follows."""
     global _TILING
-    if tiling not in _TILINGS:
-        raise ValueError(f"tiling: expected one of {', '.join(_TILINGS)}, got {tiling!r}")
+    if tiling not in TILINGS:
+        raise ValueError(f"tiling: expected one of {', '.join(TILINGS)}, got {tiling!r}")
     if tiling != _TILING:
         from .. import fastpath
 
