@@ -45,3 +45,14 @@ def debug_mode(monkeypatch: pytest.MonkeyPatch):
     yield
     monkeypatch.delenv("FLASHCOMPRESS_DEBUG")
     settings.reload_settings()
+
+
+@pytest.fixture()
+def use_tiling():
+    """``use_tiling(t)``: the public ops (the eager fast path included) run the CUDA compress
+    kernels of tiling ``t`` (``cuda_ops.compress.set_tiling``, undone after the test)."""
+    from flashcompress.cuda_ops import compress as cc
+
+    saved = cc.current_tiling()
+    yield cc.set_tiling
+    cc.set_tiling(saved)

@@ -43,17 +43,6 @@ H = 512
 TILING = "closing"
 
 
-@pytest.fixture()
-def use_tiling():
-    """``use_tiling(t)``: the public ops (the eager fast path included) run the CUDA compress
-    kernels of tiling ``t`` (``cuda_ops.compress.set_tiling``, undone after the test)."""
-    from flashcompress.cuda_ops import compress as cc
-
-    saved = cc.current_tiling()
-    yield cc.set_tiling
-    cc.set_tiling(saved)
-
-
 def _seq_lens(B: int, closing: str, g: torch.Generator) -> torch.Tensor:
     if closing == "bnd":  # every request closes a window
         return 128 * torch.randint(2, 30, (B,), generator=g, device="cuda")

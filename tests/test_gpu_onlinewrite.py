@@ -31,16 +31,6 @@ H = 512
 TILING = "spread_write"
 
 
-@pytest.fixture()
-def use_tiling():
-    """``use_tiling(t)``: the public ops run the CUDA compress kernels of tiling ``t``."""
-    from flashcompress.cuda_ops import compress as cc
-
-    saved = cc.current_tiling()
-    yield cc.set_tiling
-    cc.set_tiling(saved)
-
-
 def _lengths(B: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """(seq_lens, extend_lens) on the host: random prefixes and chunks, plus the edge windows
     (open window of 1 and 127 entries, none open, one opened before the chunk = a prior to merge,
