@@ -14,7 +14,7 @@
 //   online decode: 128 threads, whole row, 1 entry
 //   C128 whole row (no clusters, or Tiling::kWholeRow): 512 threads, 4 splits of 32 entries
 //   Tiling::kClosing: kAuto's tiling (its C128 decode kernel: compress_decode_closing.cuh)
-//   Tiling::kSpreadWrite: kAuto's tiling except the online write list (clusters available):
+//   Tiling::kSpreadWrite: kAuto's tiling except online prefill without a store (clusters available):
 //                 128 threads, kChans 32, 16 splits of 8 entries whose loads are one burst
 //                 (kLoadBatch 8), folded in batches of 2 as kAuto does (16 blocks per row)
 #pragma once
@@ -71,13 +71,14 @@ struct Cfg {
   // regular C128 batches of <= kC128BurstMaxRows requests, which take the per-slice kernel.
   static constexpr bool kClosingTiling = kTiling == Tiling::kClosing;
   static constexpr bool kClosingDecode = kClosingTiling || kTiling == Tiling::kAuto || kTiling == Tiling::kSpreadWrite;
-  // Tiling::kSpreadWrite: the online write list (it stores no cache rows, so it needs no cluster)
-  // on 4x as many blocks, each thread's window loads in one burst. Every channel sees kAuto's
+  // Tiling::kSpreadWrite: the online prefill passes that store no cache rows (the write list and
+  // pass 1 of compress_forward; no cluster needed) on 4x as many blocks, each thread's window
+  // loads in one burst. Every channel sees kAuto's
   // sequence of operations: 8 entries per split folded 2 at a time, 16 splits combined by
   // kLanes = kSplit / kVecW = 4 lanes, so the state it stores has kAuto's bytes. Where rows are
   // whole (no clusters) the write list keeps that tiling.
-  static constexpr bool kSpreadWrite = kTiling == Tiling::kSpreadWrite && kPass == Pass::kOnlineWrite && kWide &&
-                                       !kWholeRow;
+  static constexpr bool kSpreadWrite = kTiling == Tiling::kSpreadWrite && kOnline && !kDecode && !kStoreRows &&
+                                       kWide && !kWholeRow;
   // C128 / online prefill over several blocks per row: 2 channels per thread (8-byte loads), so
   // a thread's 8 entries (kv, score, bias: 48 registers) are loaded in one burst under the
   // 64-register cap of two 512-thread blocks per SM.

@@ -36,7 +36,7 @@ def _lengths(B: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     (open window of 1 and 127 entries, none open, one opened before the chunk = a prior to merge,
     one opened inside it)."""
     prefix = torch.randint(0, 1200, (B,), generator=g)
-    ext = torch.randint(1, 900, (B,), generator=g)
+    ext = torch.randint(1, min(900, 60000 // B), (B,), generator=g)  # ragged ids are u16: <= 65536 tokens
     edges = [(0, 1), (0, 127), (0, 256), (130, 20), (100, 200), (5, 122), (128, 127), (255, 1)]
     for i, (p, e) in enumerate(edges[:B]):
         prefix[i], ext[i] = p, e
