@@ -974,7 +974,7 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
                    help="also time SGLang's kernels on the same buffers (benchmarks/_peer.py: the SGLang wheel on "
                         "PYTHONPATH or FC_PEER_SGLANG); adds clean, peer and fc/peer columns")
     p.add_argument("--tiling", default="",
-                   help="comma list of compress variant tilings (auto, whole_row, closing, spread_write) timed side by "
+                   help="comma list of compress variant tilings (auto, whole_row, closing) timed side by "
                         "side in this run; rows of a tiling other than the first are marked [name] (unset: the "
                         "default tiling)")
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
 """compress_forward benchmark: decode and prefill, C4 head 512 / 128, C128 and online C128.
 
     python benchmarks/bench_compress.py [--short] [--cases decode-B512,prefill] [--md PATH] [--device cuda|cpu] [--peer]
-                                        [--tiling auto,spread_write] (each tiling's rows side by side)
+                                        [--tiling auto,whole_row] (each tiling's rows side by side)
 
 Cases, timing and input construction: see ``benchmarks/_common.py`` (issue 11's
 measurement: cold = L2 flushed before each call, median; graph = 20 calls in one CUDA

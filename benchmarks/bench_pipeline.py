@@ -1,7 +1,7 @@
 """Fused ``compress_and_store`` against the two-step compress_forward + compress_norm_rope_store.
 
     python benchmarks/bench_pipeline.py [--short] [--cases prefill,online] [--md PATH] [--device cuda|cpu] [--peer]
-                                        [--tiling auto,spread_write] (two-step and fused rows of each tiling)
+                                        [--tiling auto,whole_row] (two-step and fused rows of each tiling)
 
 Same cases, inputs and timing as ``bench_compress.py`` (see ``benchmarks/_common.py``).
 Layer kinds and their stores: C4 main KV (head 512, V4 at page 64), C4 indexer (head

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--layer", required=True, choices=sorted(STORES))
     p.add_argument("--op", choices=("compress", "store", "fused"), default="fused")
     p.add_argument("--calls", type=int, default=3)
-    p.add_argument("--tiling", default=None, help="compress variant tiling (auto, whole_row, closing, spread_write)")
+    p.add_argument("--tiling", default=None, help="compress variant tiling (auto, whole_row, closing)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU")

@@ -10,13 +10,14 @@
 //   C128 decode: 512 threads, kChans 64, 32 splits of 4 entries (8 blocks per row)
 //   C128 prefill: 512 threads, kChans 64, 2 channels x 8 entries per thread, all 8 entries in
 //                 one burst of loads (16 splits; 8 blocks per row)
-//   online prefill: 512 threads, kChans 128, 16 splits of 8 entries (4 blocks per row)
+//   online prefill, stored (a cluster): 512 threads, kChans 128, 16 splits of 8 entries loaded
+//                 2 at a time (4 blocks per row)
+//   online prefill, not stored (kSpread: pass 1 of compress_forward, the write list): 128
+//                 threads, kChans 32, 16 splits of 8 entries whose loads are one burst (kLoadBatch
+//                 8), folded 2 at a time as the stored tiling does (16 blocks per row)
 //   online decode: 128 threads, whole row, 1 entry
 //   C128 whole row (no clusters, or Tiling::kWholeRow): 512 threads, 4 splits of 32 entries
 //   Tiling::kClosing: kAuto's tiling (its C128 decode kernel: compress_decode_closing.cuh)
-//   Tiling::kSpreadWrite: kAuto's tiling except online prefill without a store (clusters available):
-//                 128 threads, kChans 32, 16 splits of 8 entries whose loads are one burst
-//                 (kLoadBatch 8), folded in batches of 2 as kAuto does (16 blocks per row)
 #pragma once
 
 #include <cstdint>
@@ -70,22 +71,21 @@ struct Cfg {
   // C128 decode at every batch size. kAuto runs the same designs (kClosingDecode) except for
   // regular C128 batches of <= kC128BurstMaxRows requests, which take the per-slice kernel.
   static constexpr bool kClosingTiling = kTiling == Tiling::kClosing;
-  static constexpr bool kClosingDecode = kClosingTiling || kTiling == Tiling::kAuto || kTiling == Tiling::kSpreadWrite;
-  // Tiling::kSpreadWrite: the online prefill passes that store no cache rows (the write list and
-  // pass 1 of compress_forward; no cluster needed) on 4x as many blocks, each thread's window
-  // loads in one burst. Every channel sees kAuto's
-  // sequence of operations: 8 entries per split folded 2 at a time, 16 splits combined by
-  // kLanes = kSplit / kVecW = 4 lanes, so the state it stores has kAuto's bytes. Where rows are
-  // whole (no clusters) the write list keeps that tiling.
-  static constexpr bool kSpreadWrite = kTiling == Tiling::kSpreadWrite && kOnline && !kDecode && !kStoreRows &&
-                                       kWide && !kWholeRow;
+  static constexpr bool kClosingDecode = kClosingTiling || kTiling == Tiling::kAuto;
+  // The online prefill passes that store no cache row (pass 1 of compress_forward, the write
+  // list; no cluster needed): 16 blocks of 32 channels per segment, each thread's 8 entries
+  // loaded in one burst. Every channel sees the stored pass's sequence of operations (8 entries
+  // per split folded 2 at a time, 16 splits combined by kLanes = kSplit / kVecW = 4 lanes), so
+  // out rows and state bytes equal the stored variant's. Where rows are whole (no clusters) both
+  // keep that tiling.
+  static constexpr bool kSpread = kOnline && !kDecode && !kStoreRows && kWide && !kWholeRow;
   // C128 / online prefill over several blocks per row: 2 channels per thread (8-byte loads), so
   // a thread's 8 entries (kv, score, bias: 48 registers) are loaded in one burst under the
   // 64-register cap of two 512-thread blocks per SM.
   // (Online prefill keeps 128-channel slices of 4 channels x 8 entries in batches of 2: its
   // accurate exp and window bounds spill 56-72 B at 2 x 8 in one burst.)
   static constexpr bool kNarrow = kWide && !kDecode && !kWholeRow && !kOnline;
-  static constexpr int kChans = (!kWide || kWholeRow) ? H : (kSpreadWrite ? 32 : ((kDecode || kNarrow) ? 64 : 128));
+  static constexpr int kChans = (!kWide || kWholeRow) ? H : (kSpread ? 32 : ((kDecode || kNarrow) ? 64 : 128));
   static constexpr int kVecW = kNarrow ? 2 : 4;  // channels per thread
   static constexpr int kCSplit = H / kChans;  // blocks per row (a cluster when storing rows)
   static constexpr int kEntries = kOnlineDecode ? 1 : W;
@@ -93,9 +93,9 @@ struct Cfg {
   static constexpr int kPerSplit = kEntries / kSplit;
   // Entries folded into the running softmax together (their max, then their exp-sums), and
   // entries whose loads are in flight together (registers: 3 x kVecW values per entry): the same
-  // except under kSpreadWrite, whose split is one burst of loads folded in kAuto's batches.
+  // except under kSpread, whose split is one burst of loads folded in batches of 2.
   static constexpr int kBatch = kPerSplit < 4 ? kPerSplit : (kNarrow ? kPerSplit : (kWide ? 2 : (kDecode ? 8 : 4)));
-  static constexpr int kLoadBatch = kSpreadWrite ? kPerSplit : kBatch;
+  static constexpr int kLoadBatch = kSpread ? kPerSplit : kBatch;
   static constexpr int kVecs = kChans / kVecW;             // channel vectors per slice
   static constexpr int kTeamThreads = kVecs * kSplit;
   static constexpr int kTeams = kTeamThreads >= 128 ? 1 : 128 / kTeamThreads;
@@ -103,8 +103,8 @@ struct Cfg {
   // Resident blocks the register budget must allow: two 512-thread blocks, six C4 prefill
   // blocks; C4 decode four per SM on CUDA (<= 128 registers: a 512-request batch is one request
   // per team), no bound on HIP.
-  // kSpreadWrite: four 128-thread blocks (<= 128 registers for the burst of 8 entries).
-  static constexpr int kBlocksPerSm = kThreads >= 512 ? 2 : (kRatio == 4 ? (kDecode ? 4 : 6) : (kSpreadWrite ? 4 : 1));
+  // kSpread: four 128-thread blocks (<= 128 registers for the burst of 8 entries).
+  static constexpr int kBlocksPerSm = kThreads >= 512 ? 2 : (kRatio == 4 ? (kDecode ? 4 : 6) : (kSpread ? 4 : 1));
   static constexpr int kBlocksPerCu = kRatio == 4 && kDecode ? 1 : kBlocksPerSm;
   static constexpr int kMinBlocks = launch_min_blocks(kBlocksPerSm, kBlocksPerCu, kThreads);
   // Load batches of a split unrolled at once: all, except the 16 of a whole-row split (they spill).
@@ -137,8 +137,8 @@ struct Cfg {
                     kSplit % kLanes == 0, "split combine lanes");
   static_assert(kEntries % kSplit == 0, "window entries must split evenly");
   static_assert(kPerSplit % kLoadBatch == 0 && kLoadBatch % kBatch == 0, "entries of a split must batch evenly");
-  static_assert(!kSpreadWrite || (kLanes == 4 && kSplit == 16 && kBatch == 2 && kTeams == 1),
-                "kSpreadWrite combines as kAuto's write list does");
+  static_assert(!kSpread || (kLanes == 4 && kSplit == 16 && kBatch == 2 && kTeams == 1),
+                "kSpread combines as the stored online prefill does");
   static_assert(kTeams == 1 || kTeamThreads == 32, "multi-team blocks use one warp per team");
   static_assert(kThreads <= 1024, "block too large");
   static_assert(!kOnline || (kRatio == 128 && kIn == DType::kF32 && kOut == DType::kF32),

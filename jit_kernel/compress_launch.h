@@ -26,10 +26,7 @@ enum class DType : int { kF32 = 0, kBF16 = 1 };
 // targets without clusters always do); kAuto's C128 decode of more than 128 requests is one grid
 // where only window-closing requests pool and the other requests' row copies are spread over
 // all blocks (compress_decode_closing.cuh). kClosing is kAuto with that grid at every batch size.
-// kSpreadWrite is kAuto except the online C128 prefill's write pass (Pass::kOnlineWrite), which
-// spreads each segment over 16 blocks of 32 channels, each thread loading its 8 entries in one
-// burst (same per-channel arithmetic, so the same state bytes: compress_config.cuh).
-enum class Tiling : int { kAuto = 0, kWholeRow = 1, kClosing = 2, kSpreadWrite = 3 };
+enum class Tiling : int { kAuto = 0, kWholeRow = 1, kClosing = 2 };
 
 struct CompressArgs {
   void* state;              // flat state pool [state_rows, width], TState

@@ -16,10 +16,11 @@
 // C128 (Cfg::kNarrow): 8 blocks of 512 threads per row, 64 channels each; thread
 // (split s, vector v) loads entries 8s..8s+7 of channels 2v, 2v+1 (kv, score, bias: 24 8-byte
 // loads) in one burst, then the 16 splits' partials meet in shared memory (pool_row).
-// Online C128: 4 blocks of 512 threads per segment, 128 channels each; thread (s, v) pools
-// entries 8s..8s+7 of channels 4v..4v+3 in 4 load batches of 2. The write list under
-// Tiling::kSpreadWrite: 16 blocks of 128 threads per segment, 32 channels each, the same thread
-// mapping with the 8 entries' 24 16-byte loads in one burst (folded 2 at a time: same bytes).
+// Online C128 (Cfg::kSpread: pass 1 of compress_forward and the write list): 16 blocks of 128
+// threads per segment, 32 channels each; thread (s, v) loads entries 8s..8s+7 of channels
+// 4v..4v+3 (24 16-byte loads) in one burst and folds them 2 at a time. A stored pass 1 (a
+// cluster of 4 blocks of 512 threads, 128 channels each) folds the same entries in the same
+// order, loading 2 at a time: both write the same rows.
 #pragma once
 
 #include <cstdint>

@@ -75,7 +75,7 @@ def test_tiling_by_target(tmp_path) -> None:
     """Each configuration's tiling with and without clusters (the build also checks, at compile
     time, that a store variant pools with its compress_forward variant's tiling)."""
     both_cl, both_nocl = _tilings(tmp_path, 1), _tilings(tmp_path, 0)
-    assert both_cl.keys() == both_nocl.keys() and len(both_cl) == 80  # 20 configurations x 4 tilings
+    assert both_cl.keys() == both_nocl.keys() and len(both_cl) == 60  # 20 configurations x 3 tilings
     assert {k[0] for k in both_cl} == set(TILINGS)
     # tiling="whole_row" tiles as a target without clusters, on every target
     for key, t in both_cl.items():
@@ -85,7 +85,7 @@ def test_tiling_by_target(tmp_path) -> None:
     nocl = {k[1:]: v for k, v in both_nocl.items() if k[0] == "auto"}
     dec, pre = ("128", "0", "512", "v4", "decode"), ("128", "0", "512", "v4", "prefill")
     # sm_90: a stored C128 row is an 8-block cluster of 512 threads (decode and prefill: 64
-    # channels per block); the online prefill keeps 4 blocks of 128 channels
+    # channels per block); the stored online prefill is a cluster of 4 blocks of 128 channels
     assert (cl[dec]["csplit"], cl[dec]["cluster"], cl[dec]["threads"]) == (8, 1, 512)
     assert (cl[pre]["csplit"], cl[pre]["cluster"], cl[pre]["chans"]) == (8, 1, 64)
     online_pre = ("128", "1", "512", "v4", "prefill")
@@ -100,24 +100,24 @@ def test_tiling_by_target(tmp_path) -> None:
             assert cl[key] == nocl[key], key
 
 
-def test_spread_write_tiling(tmp_path) -> None:
-    """``tiling="spread_write"``: kAuto's tiling except the online C128 write list on sm_90, which
-    spreads a segment over 16 blocks of 32 channels (128 threads, no cluster: it stores no cache
-    row) and loads a thread's 8 entries in one burst, with kAuto's per-channel merge sequence
-    (entries per split, fold batch, splits, combine lanes); without clusters it is kAuto."""
-    for has_clusters in (1, 0):
-        rows = _tilings(tmp_path, has_clusters)
-        spread = {k[1:]: v for k, v in rows.items() if k[0] == "spread_write"}
-        auto = {k[1:]: v for k, v in rows.items() if k[0] == "auto"}
-        assert spread.keys() == auto.keys()
-        writes = [k for k in spread if k[4] == "write"]
-        assert len(writes) == 2  # online C128, stored and not
-        for key, t in spread.items():
-            if key not in writes or not has_clusters:
-                assert t == auto[key], (has_clusters, key)
-                continue
-            a = auto[key]
-            assert (a["chans"], a["csplit"], a["threads"], a["load_batch"]) == (128, 4, 512, 2), key
-            assert (t["chans"], t["csplit"], t["threads"], t["cluster"], t["load_batch"]) == (32, 16, 128, 0, 8), key
-            for field in ("split", "batch", "lanes", "per_split"):
-                assert t[field] == a[field], (key, field)
+def test_online_prefill_spread_tiling(tmp_path) -> None:
+    """The online C128 prefill passes that store no cache row (pass 1 of ``compress_forward``, the
+    write list of every variant) spread a segment over 16 blocks of 32 channels on sm_90 (128
+    threads, no cluster) and load a thread's 8 entries in one burst, with the stored pass 1's
+    per-channel merge sequence (entries per split, fold batch, splits, combine lanes); without
+    clusters every online prefill pass pools whole rows."""
+    rows = _tilings(tmp_path, 1)
+    auto = {k[1:]: v for k, v in rows.items() if k[0] == "auto"}
+    stored = auto[("128", "1", "512", "v4", "prefill")]
+    assert (stored["chans"], stored["csplit"], stored["threads"], stored["cluster"], stored["load_batch"]) == \
+        (128, 4, 512, 1, 2)
+    spread = [("128", "1", "512", "none", "prefill"), ("128", "1", "512", "none", "write"),
+              ("128", "1", "512", "v4", "write")]
+    for key in spread:
+        t = auto[key]
+        assert (t["chans"], t["csplit"], t["threads"], t["cluster"], t["load_batch"]) == (32, 16, 128, 0, 8), key
+        for field in ("split", "batch", "lanes", "per_split"):
+            assert t[field] == stored[field], (key, field)
+    for key, t in _tilings(tmp_path, 0).items():
+        if key[1:3] == ("128", "1") and key[5] != "decode":
+            assert (t["chans"], t["csplit"], t["threads"]) == (512, 1, 512), key

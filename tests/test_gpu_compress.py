@@ -199,11 +199,9 @@ def _scenarios() -> dict[str, S.Scenario]:
     return SCENARIOS
 
 
-TILINGS = ["auto", "whole_row", "spread_write"]  # the compress family's prefill tilings (cuda_ops/compress.py)
-# (tiling, scenario): "spread_write" differs from "auto" only in the online C128 write pass, so it
-# runs the online scenarios ("closing", decode only: test_gpu_dec128.py)
-TILED = [pytest.param(t, n, id=f"{n}-{t}") for t in TILINGS for n, sc in _scenarios().items()
-         if t != "spread_write" or sc.online]
+TILINGS = ["auto", "whole_row"]  # the compress family's prefill tilings (cuda_ops/compress.py)
+# (tiling, scenario) ("closing" differs from "auto" in decode only: test_gpu_dec128.py)
+TILED = [pytest.param(t, n, id=f"{n}-{t}") for t in TILINGS for n in _scenarios()]
 
 
 @pytest.mark.parametrize("tiling,name", TILED)

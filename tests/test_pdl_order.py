@@ -36,7 +36,6 @@ VARIANTS = [
     ("compress", {"ratio": 4, "online": False, "head_dim": 128, "store": "idx_fp8", **F32}),
     ("compress", {"ratio": 128, "online": False, "head_dim": 512, "store": "v4", **F32}),
     ("compress", {"ratio": 128, "online": True, "head_dim": 512, "store": "none", **F32}),
-    ("compress", {"ratio": 128, "online": True, "head_dim": 512, "store": "none", **F32, "tiling": "spread_write"}),
 ]
 # Any access to global memory (loads, stores, atomics, async copies from global, prefetches);
 # parameter, shared-memory and mbarrier instructions do not count.

@@ -4,11 +4,10 @@
 //   <tiling> <ratio> <online> <head> <fmt> <pass> kChans kSplit kBatch kLanes kCSplit kThreads cluster
 //   kLoadBatch kPerSplit
 // Two invariants are checked at compile time too: a variant that stores (fmt != none) pools
-// every row with exactly the tiling of its compress_forward variant, so both paths add the same
-// partials in the same order; and every tiling's per-channel arithmetic (entries per split, fold
-// batch, splits, combine lanes) is kAuto's wherever the result must have kAuto's bytes: every
-// pass of kClosing and kSpreadWrite (kSpreadWrite's write list differs only in channels per
-// block and load batch).
+// every row with the per-channel arithmetic (entries per split, fold batch, splits, combine
+// lanes) of its compress_forward variant, so both paths add the same partials in the same order,
+// and with its tiling too except in the online prefill passes, where the unstored variant
+// spreads a segment over more blocks (Cfg::kSpread); and kClosing tiles every pass as kAuto.
 #include <cstdio>
 
 #include "compress.cuh"
@@ -31,9 +30,9 @@ void passes_for(const char* fmt) {
 }
 
 template <class A, class B>
-constexpr bool same_tiling() {
+constexpr bool same_tiling() {  // and the same number of loads in flight
   return A::kChans == B::kChans && A::kSplit == B::kSplit && A::kBatch == B::kBatch && A::kLanes == B::kLanes &&
-         A::kThreads == B::kThreads && A::kUnroll == B::kUnroll;
+         A::kThreads == B::kThreads && A::kUnroll == B::kUnroll && A::kLoadBatch == B::kLoadBatch;
 }
 
 // The same sequence of softmax merges per channel (which channels a block holds, and how many
@@ -45,8 +44,7 @@ constexpr bool same_arithmetic() {
 }
 
 constexpr const char* tiling_name(Tiling t) {
-  return t == Tiling::kAuto ? "auto" : t == Tiling::kWholeRow ? "whole_row" : t == Tiling::kClosing ? "closing"
-                                                                                                   : "spread_write";
+  return t == Tiling::kAuto ? "auto" : t == Tiling::kWholeRow ? "whole_row" : "closing";
 }
 
 template <Tiling kTiling, int kRatio, bool kOnline, int kHead, StoreFormat kFmt, Pass kPass>
@@ -54,13 +52,11 @@ void row(const char* fmt, const char* pass) {
   using C = Cfg<kRatio, kOnline, kHead, DType::kF32, DType::kF32, DType::kF32, kFmt, kTiling, kPass>;
   using N = Cfg<kRatio, kOnline, kHead, DType::kF32, DType::kF32, DType::kF32, StoreFormat::kNone, kTiling, kPass>;
   using A = Cfg<kRatio, kOnline, kHead, DType::kF32, DType::kF32, DType::kF32, kFmt, Tiling::kAuto, kPass>;
-  static_assert(same_tiling<C, N>(), "a store variant must pool with its compress_forward variant's tiling");
+  static_assert(same_arithmetic<C, N>(), "a store variant must pool as its compress_forward variant does");
+  static_assert(same_tiling<C, N>() || (kOnline && kPass != Pass::kDecode && N::kSpread),
+                "a store variant tiles as its compress_forward variant, the online prefill aside");
   static_assert(fc::kHasClusters || !C::kCluster, "cluster variant on a target without clusters");
-  static_assert(kTiling == Tiling::kWholeRow || same_arithmetic<C, A>(),
-                "closing / spread_write must pool every channel as kAuto does (same bytes)");
-  static_assert(kTiling == Tiling::kWholeRow || C::kSpreadWrite ||
-                    (same_tiling<C, A>() && C::kLoadBatch == A::kLoadBatch),
-                "closing / spread_write: kAuto's tiling outside the spread write list");
+  static_assert(kTiling != Tiling::kClosing || same_tiling<C, A>(), "closing: kAuto's tiling (it differs in the decode kernel only)");
   std::printf("%s %d %d %d %s %s %d %d %d %d %d %d %d %d %d\n", tiling_name(kTiling), kRatio, kOnline ? 1 : 0, kHead,
               fmt, pass, C::kChans, C::kSplit, C::kBatch, C::kLanes, C::kCSplit, C::kThreads, C::kCluster ? 1 : 0,
               C::kLoadBatch, C::kPerSplit);
@@ -71,7 +67,6 @@ void passes(const char* fmt) {
   passes_for<Tiling::kAuto, kRatio, kOnline, kHead, kFmt>(fmt);
   passes_for<Tiling::kWholeRow, kRatio, kOnline, kHead, kFmt>(fmt);
   passes_for<Tiling::kClosing, kRatio, kOnline, kHead, kFmt>(fmt);
-  passes_for<Tiling::kSpreadWrite, kRatio, kOnline, kHead, kFmt>(fmt);
 }
 
 int main() {

@@ -16,10 +16,7 @@ Variant parameters::
                 "whole_row" (one 512-thread block per C128 row, as on targets without clusters) |
                 "closing" ("auto", but the C128 decode of every batch size by the grid that pools
                 only the window-closing requests, copies spread over all blocks: "auto" uses it
-                for batches of more than 128 requests, one block per (request, slice) below) |
-                "spread_write" ("auto", but the online C128 prefill's write pass on 16 blocks of
-                32 channels per segment instead of 4 of 128, each thread's 8 window entries
-                loaded in one burst; same state bytes as "auto")
+                for batches of more than 128 requests, one block per (request, slice) below)
 
 ``compress_forward`` / ``compress_and_store`` take ``tiling`` as a keyword, so a test can run
 every tiling on one GPU; without it they run the process-wide tiling of ``set_tiling`` (default
@@ -60,7 +57,7 @@ _STORES = ("none", "v4", "idx_fp8", "idx_fp4", "bf16")
 EPILOGUE_FORMATS: frozenset[str] = frozenset(_STORES[1:])
 # The family's ``tiling`` values (the module docstring; templates/_common.j2 maps them to
 # jit_kernel/compress_launch.h's Tiling).
-TILINGS: tuple[str, ...] = ("auto", "whole_row", "closing", "spread_write")
+TILINGS: tuple[str, ...] = ("auto", "whole_row", "closing")
 
 
 def _validate(p: Mapping[str, Any]) -> None:
