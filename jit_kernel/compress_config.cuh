@@ -116,9 +116,12 @@ struct Cfg {
   // Combining the splits: kLanes consecutive threads per channel, each merging kSplit / kLanes
   // partials, then a butterfly over the kLanes lanes.
   static constexpr int kLanes = kSplit == 1 ? 1 : kTeamThreads / kChans;
-  // The regular pooling uses the fast exp (ex2.approx); the online state, whose running sum is
-  // kept across calls within 1e-6 of the reference, uses the accurate one.
-  static constexpr bool kFastExp = !kOnline;
+  // Pooling uses the fast exp (ex2.approx, as SGLang's fast-math modules do), the online prefill
+  // passes included: one pass over at most 128 entries, whose state stays within the 1e-6 of the
+  // reference that test_gpu_compress holds it to. Online decode, which folds one token per call
+  // into a running sum kept across calls, keeps the accurate expf, and so does the merge of a
+  // segment with its prior state (merge_channel).
+  static constexpr bool kFastExp = !kOnline || !kDecode;
   // Decode copies the block's share of every request's input row (kCopyVecs vectors) into the
   // state: C4 from registers (compress_decode_c4.cuh, which also loads its bias rows straight
   // into registers), C128 all the team's requests up front (copy_rows_share). A one-block store
