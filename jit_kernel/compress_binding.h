@@ -121,6 +121,7 @@ struct CompressBinding {
         << "compress: this variant ends in a cache store; call compress_store";
     CompressArgs a = common(state, input, ape, plan, plan_w, is_decode);
     chk::check_tensor(out, "out", dl_dtype(kOut), {a.rows, kHeadDim}, state.device());
+    chk::check_aligned(out, "out", 4 * (kOut == DType::kF32 ? 4 : 2));  // rows are written by 4-element vectors
     chk::check_no_overlap(out, "out", state, "kv_score_buffer");
     chk::check_no_overlap(out, "out", input, "kv_score_input");
     chk::check_no_overlap(out, "out", ape, "ape");

@@ -119,8 +119,7 @@ __device__ __forceinline__ void online_decode_row(const Window& w, const RowTarg
     return;
   }
   float* row = C::kStoreRows ? &sm.row[team][0] : nullptr;
-#pragma unroll
-  for (int i = 0; i < V; ++i) emit_channel<C>(t, a, row, c + i, f[i].k);
+  emit_channels<C, V>(t, a, row, c, f);
 }
 
 // Decode: a team handles requests [first, first + a.reqs_per_team), one after the other. C128

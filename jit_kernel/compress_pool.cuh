@@ -415,13 +415,21 @@ __device__ __forceinline__ Fin merge_channel(const RowTarget& t, Acc acc, float 
   return f;
 }
 
-// Hand a channel's value to the store epilogue (the row in shared memory), or write it to `out`.
-template <class C>
-__device__ __forceinline__ void emit_channel(const RowTarget& t, const CompressArgs& a, float* row, int c, float k) {
+// Hand kN consecutive channels' values from c to the store epilogue (the row in shared memory),
+// or write them to `out`: one kN-wide store (the binding checks that `out` is aligned to 4
+// elements; c is a multiple of kN), so a warp writes whole 32-byte sectors.
+template <class C, int kN>
+__device__ __forceinline__ void emit_channels(const RowTarget& t, const CompressArgs& a, float* row, int c,
+                                              const Fin (&f)[kN]) {
+  using TOut = typename C::TOut;
   if constexpr (C::kStoreRows) {
-    row[c] = to_float(from_float<typename C::TOut>(k));
+#pragma unroll
+    for (int i = 0; i < kN; ++i) row[c + i] = to_float(from_float<TOut>(f[i].k));
   } else if constexpr (C::kPass != Pass::kOnlineWrite) {
-    static_cast<typename C::TOut*>(a.out)[t.out_row * C::H + c] = from_float<typename C::TOut>(k);
+    Vec<TOut, kN> o;
+#pragma unroll
+    for (int i = 0; i < kN; ++i) o.v[i] = from_float<TOut>(f[i].k);
+    store_vec<TOut, kN>(static_cast<TOut*>(a.out) + t.out_row * C::H + c, o);
   }
 }
 
@@ -450,8 +458,7 @@ __device__ __forceinline__ void finish_channels(const RowTarget& t, const Compre
       return;
     }
   }
-#pragma unroll
-  for (int i = 0; i < kN; ++i) emit_channel<C>(t, a, row, c + i, f[i].k);
+  emit_channels<C, kN>(t, a, row, c, f);
 }
 
 template <class C>

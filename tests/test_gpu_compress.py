@@ -579,6 +579,8 @@ def _bad_cases():
         "input_misaligned": (ValueError, "kv_score_input", with_(kv_score_input=lambda a: _misaligned(a["kv_score_input"]))),
         "ape_misaligned": (ValueError, "ape", with_(ape=lambda a: _misaligned(a["ape"]))),
         "state_misaligned": (ValueError, "kv_score_buffer", with_(kv_score_buffer=lambda a: _misaligned(a["kv_score_buffer"]))),
+        # rows are written by 4-element vectors
+        "out_misaligned": (ValueError, "out", with_(out=lambda a: _misaligned(torch.zeros((2, H), device="cuda")))),
     }
 
 
