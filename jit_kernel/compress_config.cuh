@@ -82,8 +82,8 @@ struct Cfg {
   // C128 / online prefill over several blocks per row: 2 channels per thread (8-byte loads), so
   // a thread's 8 entries (kv, score, bias: 48 registers) are loaded in one burst under the
   // 64-register cap of two 512-thread blocks per SM.
-  // (Online prefill keeps 128-channel slices of 4 channels x 8 entries in batches of 2: its
-  // accurate exp and window bounds spill 56-72 B at 2 x 8 in one burst.)
+  // (Not the online prefill: at 2 channels x 8 entries under that cap its window bounds and
+  // prior spill 40-68 B, fast exp or not; it spreads 4 channels x 8 entries instead, kSpread.)
   static constexpr bool kNarrow = kWide && !kDecode && !kWholeRow && !kOnline;
   static constexpr int kChans = (!kWide || kWholeRow) ? H : (kSpread ? 32 : ((kDecode || kNarrow) ? 64 : 128));
   static constexpr int kVecW = kNarrow ? 2 : 4;  // channels per thread
