@@ -829,7 +829,7 @@ def result_row(timer: Timer, case: str, layer: str, cold: float | None, ahead: b
 
 PEER_COLUMNS = ["case", "layer", "cold us", "clean us", "graph us", "peer cold", "peer clean", "peer graph",
                 "fc/peer cold", "fc/peer clean", "fc/peer graph", "min MB", "GB/s", "% copy", "peer % copy",
-                "issue peer", "target", "ok", "vs peer"]
+                "% copy clean", "peer % copy clean", "issue peer", "target", "ok", "vs peer"]
 
 
 def peer_delta(fc_call: Callable[[], object], peer_call: Callable[[], object], written: Sequence[torch.Tensor],
@@ -880,17 +880,21 @@ def peer_result_row(timer: Timer, case: str, layer: str, fc: Timing, pe: Timing 
                     target: Target | None, extra: Sequence[str] = (), tail: Sequence[str] = (),
                     show_target: bool = True, delta: str = "-") -> list[str]:
     """One ``--peer`` row: ``case, layer, *extra``, both sides' cold / clean / graph, fc/peer, bytes, GB/s,
-    % copy of each side, the issue's peer figure, target, ok, ``vs peer`` (:func:`peer_delta`), ``*tail``
-    (GB/s from the fc cold time)."""
+    % copy of each side from the cold and from the clean time, the issue's peer figure, target, ok,
+    ``vs peer`` (:func:`peer_delta`), ``*tail`` (GB/s from the fc cold time)."""
     pe = pe or Timing()
+
+    def pct_of(us: float | None) -> float | None:
+        return 100 * nbytes / (us * 1e-6) / 1e9 / timer.copy_gbps if us else None
+
     gbps = nbytes / (fc.cold * 1e-6) / 1e9 if fc.cold else None
-    pct = 100 * gbps / timer.copy_gbps if gbps else None
-    ppct = 100 * nbytes / (pe.cold * 1e-6) / 1e9 / timer.copy_gbps if pe.cold else None
+    pct, ppct = pct_of(fc.cold), pct_of(pe.cold)
     verdict = (target.verdict(fc.cold, fc.graph, pct) if timer.cuda else "-") if (target and show_target) else ""
     return [case, layer, *extra, fmt_us(fc.cold, "" if fc.ahead else "!"), fmt_us(fc.clean), fmt_us(fc.graph),
             fmt_us(pe.cold, "" if pe.ahead else "!"), fmt_us(pe.clean), fmt_us(pe.graph),
             _ratio(fc.cold, pe.cold), _ratio(fc.clean, pe.clean), _ratio(fc.graph, pe.graph),
-            f"{nbytes / 1e6:.3f}", _sig(gbps), _sig(pct), _sig(ppct), target.peer if target else "-",
+            f"{nbytes / 1e6:.3f}", _sig(gbps), _sig(pct), _sig(ppct), _sig(pct_of(fc.clean)),
+            _sig(pct_of(pe.clean)), target.peer if target else "-",
             target.text() if (target and show_target) else "-", verdict, delta, *tail]
 
 

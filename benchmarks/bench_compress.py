@@ -32,7 +32,8 @@ time includes host gaps).  B <= 32 cases are held to the upper end of the peer's
 / ``FlashCompress128OnlineKernel``, through ``benchmarks/_peer.py``) on the same state pool,
 input, ape, plan and output tensors, timed in the same run right after flashcompress;
 the table gains ``clean`` (read flush) columns for both sides, ``fc/peer`` ratios (below 1:
-flashcompress faster) and the peer's ``% copy``; ``issue peer`` is the older figure from
+flashcompress faster), the peer's ``% copy`` and both sides' ``% copy clean`` (the same from the
+clean time, which carries no write-back of the flush); ``issue peer`` is the older figure from
 the issue.  A peer op that cannot run leaves ``-`` and one note with the reason.
 """
 

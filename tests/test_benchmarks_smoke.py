@@ -34,7 +34,8 @@ SCRIPTS = {
 
 
 PEER_COLUMNS = ["cold us", "clean us", "graph us", "peer cold", "peer clean", "peer graph", "fc/peer cold",
-                "fc/peer clean", "fc/peer graph", "min MB", "GB/s", "% copy", "peer % copy", "vs peer"]
+                "fc/peer clean", "fc/peer graph", "min MB", "GB/s", "% copy", "peer % copy", "% copy clean",
+                "peer % copy clean", "vs peer"]
 PEER_CASE = "decode-B2-rand"
 
 # One subprocess runs every script as ``python benchmarks/bench_X.py ...`` would (``runpy`` with
