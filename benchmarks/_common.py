@@ -410,13 +410,15 @@ def _state_pool(world: World, layer: Layer, gen: torch.Generator) -> torch.Tenso
     return st.view(rows // layer.ratio, layer.ratio, w)
 
 
-def build_bundle(world: World, layer: Layer, seed: int) -> Bundle:
+def build_bundle(world: World, layer: Layer, seed: int, in_dtype: torch.dtype = torch.float32) -> Bundle:
+    """The pools and input sets of one (case, layer). ``in_dtype``: the dtype of the input rows,
+    ``ape`` and the compressed rows (``--in-dtype``; the state pool stays fp32, as the engine's)."""
     dev = world.device
     gen = torch.Generator(device=dev).manual_seed(seed)
     h, r = layer.head_dim, layer.ratio
     b = Bundle(
         world, layer, _state_pool(world, layer, gen),
-        ape=_randn((8 if r == 4 else 128, h), gen, dev, 0.5),
+        ape=_randn((8 if r == 4 else 128, h), gen, dev, 0.5).to(in_dtype),
         norm_weight=_randn((h,), gen, dev, 0.1).add_(1.0),
         freq_cis=freq_cis(dev, world.max_ctx),
     )
@@ -444,9 +446,9 @@ def build_bundle(world: World, layer: Layer, seed: int) -> Bundle:
         inp = _randn((n_tok, layer.in_width), gen, dev)
         inp[:, layer.in_width // 2 :].mul_(2.0)
         b.sets.append(InputSet(
-            reqs, plan, inp,
-            out=torch.empty((rows, h), dtype=torch.float32, device=dev),
-            kv=_randn((rows, h), gen, dev),
+            reqs, plan, inp.to(in_dtype),
+            out=torch.empty((rows, h), dtype=in_dtype, device=dev),
+            kv=_randn((rows, h), gen, dev).to(in_dtype),
             out_loc=torch.tensor(locs, dtype=torch.int64, device=dev),
             plan_rows=rows, plan_w_rows=0 if plan.is_decode else plan[2].shape[0],
         ))
@@ -512,14 +514,19 @@ class Bytes:
     plan: int
     events: int  # compressed rows that get stored
     rows: int  # plan rows
+    kv_bytes: int = 4  # bytes per element of a compressed row (compress_forward's out, the store's kv)
 
 
 def compress_bytes(layer: Layer, s: InputSet, decode: bool) -> Bytes:
     h, r = layer.head_dim, layer.ratio
+    # element sizes of the input rows and ape, and of the out rows (the state is fp32); an input
+    # set without tensors (the byte-model tests) counts fp32
+    ie = s.inp.element_size() if s.inp is not None else 4
+    oe = s.out.element_size() if s.out is not None else 4
     inp = state_r = state_w = events = 0
     ape_rows: set[int] = set()
     for q in s.reqs:
-        inp += q.ext * layer.in_width * 4
+        inp += q.ext * layer.in_width * ie
         ev = len(_events(r, q.prefix, q.seq))
         events += ev
         if layer.online:
@@ -530,11 +537,11 @@ def compress_bytes(layer: Layer, s: InputSet, decode: bool) -> Bytes:
         else:
             state_r += _state_parts_read(r, q.prefix, q.seq) * 2 * h * 4
             state_w += _state_rows_written(layer, q, decode) * layer.state_width * 4
-    ape = len(ape_rows) * h * 4 if layer.online else ((8 if r == 4 else 128) * h * 4 if events else 0)
+    ape = len(ape_rows) * h * ie if layer.online else ((8 if r == 4 else 128) * h * ie if events else 0)
     plan = s.plan_rows * L.PLAN_ROW_BYTES
     if not decode:
         plan += s.plan_w_rows * (L.PLAN_ROW_BYTES if layer.online else L.WRITE_ROW_BYTES)
-    return Bytes(inp, state_r, state_w, s.plan_rows * h * 4, ape, plan, events, s.plan_rows)
+    return Bytes(inp, state_r, state_w, s.plan_rows * h * oe, ape, plan, events, s.plan_rows, oe)
 
 
 def compress_total(b: Bytes) -> int:
@@ -542,13 +549,13 @@ def compress_total(b: Bytes) -> int:
 
 
 def store_total(layer: Layer, store: Store, b: Bytes) -> int:
-    per_row = layer.head_dim * 4 + FREQ_ROW_BYTES + OUT_LOC_BYTES + store.fmt.bytes_per_token
-    return b.rows * L.PLAN_ROW_BYTES + b.events * per_row + layer.head_dim * 4
+    per_row = layer.head_dim * b.kv_bytes + FREQ_ROW_BYTES + OUT_LOC_BYTES + store.fmt.bytes_per_token
+    return b.rows * L.PLAN_ROW_BYTES + b.events * per_row + layer.head_dim * 4  # + the fp32 norm weight
 
 
 def pipeline_total(layer: Layer, store: Store, b: Bytes) -> int:
-    """compress + store without the fp32 intermediate (its write and read) and the second plan read."""
-    return (compress_total(b) - b.out) + (store_total(layer, store, b) - b.events * layer.head_dim * 4
+    """compress + store without the intermediate rows (their write and read) and the second plan read."""
+    return (compress_total(b) - b.out) + (store_total(layer, store, b) - b.events * layer.head_dim * b.kv_bytes
                                           - b.rows * L.PLAN_ROW_BYTES)
 
 
@@ -977,12 +984,16 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
     p.add_argument("--peer", action="store_true",
                    help="also time SGLang's kernels on the same buffers (benchmarks/_peer.py: the SGLang wheel on "
                         "PYTHONPATH or FC_PEER_SGLANG); adds clean, peer and fc/peer columns")
+    p.add_argument("--in-dtype", choices=("f32", "bf16"), default="f32",
+                   help="dtype of the input rows, ape and compressed rows (the state pool stays fp32); bf16 "
+                        "skips the online layer (fp32 only) and marks the rows' layer 'bf16'")
     p.add_argument("--tiling", default="",
                    help="comma list of compress variant tilings (auto, whole_row, closing) timed side by "
                         "side in this run; rows of a tiling other than the first are marked [name] (unset: the "
                         "default tiling)")
     args = p.parse_args(argv)
     args.tilings = [t.strip() for t in args.tiling.split(",") if t.strip()] or [None]
+    args.in_dtype = {"f32": torch.float32, "bf16": torch.bfloat16}[args.in_dtype]
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: no CUDA GPU (use --device cpu for the smoke run)")
     if args.reps is None:
@@ -992,6 +1003,16 @@ def parse_args(doc: str, argv: Sequence[str] | None = None) -> argparse.Namespac
         torch.set_num_threads(1)  # a smoke run; one thread avoids oversubscription when run next to others
     args.filters = [f.strip() for f in args.cases.split(",") if f.strip()]
     return args
+
+
+def dtype_label(label: str, in_dtype: torch.dtype) -> str:
+    """A row's layer label under ``--in-dtype``: unchanged for fp32, ``label bf16`` otherwise."""
+    return label if in_dtype == torch.float32 else f"{label} bf16"
+
+
+def skips_dtype(layer: Layer, in_dtype: torch.dtype) -> bool:
+    """The online layer compresses fp32 input only: no bf16 rows for it."""
+    return layer.online and in_dtype != torch.float32
 
 
 def use_tiling(tiling: str | None, device: torch.device) -> None:

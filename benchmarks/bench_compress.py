@@ -1,13 +1,15 @@
 """compress_forward benchmark: decode and prefill, C4 head 512 / 128, C128 and online C128.
 
     python benchmarks/bench_compress.py [--short] [--cases decode-B512,prefill] [--md PATH] [--device cuda|cpu] [--peer]
+                                        [--in-dtype bf16] (bf16 input, ape and out rows; fp32 state)
                                         [--tiling auto,whole_row] (each tiling's rows side by side)
 
 Cases, timing and input construction: see ``benchmarks/_common.py`` (issue 11's
 measurement: cold = L2 flushed before each call, median; graph = 20 calls in one CUDA
 graph, per call; copy = 1 GiB device-to-device copy in the same run).
 
-Byte model ("min MB": the minimum bytes one call must move; fp32 everywhere):
+Byte model ("min MB": the minimum bytes one call must move; 4-byte elements, except input rows,
+``ape`` and output rows under ``--in-dtype bf16``, which count 2):
 
 * input rows, read once: tokens x in_width x 4 (C4: 4H, C128 / online: 2H);
 * state rows a closing window pools that lie before the call's first token, counted
@@ -91,22 +93,24 @@ def main(argv: list[str] | None = None) -> int:
         for name in LAYER_NAMES:
             if not C.matches(args.filters, spec.name, name):
                 continue
+            if C.skips_dtype(C.LAYERS[name], args.in_dtype):
+                continue
             for tiling in args.tilings:
                 C.use_tiling(tiling, dev)
-                bench_layer(spec, world, name, C.tiling_label(name, tiling, args.tilings))
+                bench_layer(spec, world, name, C.tiling_label(C.dtype_label(name, args.in_dtype), tiling, args.tilings))
         C.use_tiling(args.tilings[0], dev)
 
     def bench_layer(spec: C.CaseSpec, world: object, name: str, shown: str) -> None:
         """One layer of one case under the current tiling, its rows labelled ``shown``."""
         layer = C.LAYERS[name]
-        b = C.build_bundle(world, layer, C.seed_of(spec.name, name, base=args.seed))
+        b = C.build_bundle(world, layer, C.seed_of(spec.name, name, base=args.seed), args.in_dtype)
         calls = [
             (lambda s=s: compress_forward(b.state, s.inp, b.ape, s.plan, head_dim=layer.head_dim,
                                           compress_ratio=layer.ratio, out=s.out, is_online=layer.online))
             for s in b.sets
         ]
         nbytes = C.mean_bytes([C.compress_total(C.compress_bytes(layer, s, spec.is_decode)) for s in b.sets])
-        target = TARGETS.get((spec.name, name))
+        target = TARGETS.get((spec.name, name)) if args.in_dtype == torch.float32 else None  # (fp32 targets)
         if side:
             fc = C.measure_all(timer, calls)
             if fc.err:

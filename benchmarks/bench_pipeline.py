@@ -2,12 +2,13 @@
 
     python benchmarks/bench_pipeline.py [--short] [--cases prefill,online] [--md PATH] [--device cuda|cpu] [--peer]
                                         [--tiling auto,whole_row] (two-step and fused rows of each tiling)
+                                        [--in-dtype bf16] (bf16 input, ape and compressed rows; fp32 state)
 
 Same cases, inputs and timing as ``bench_compress.py`` (see ``benchmarks/_common.py``).
 Layer kinds and their stores: C4 main KV (head 512, V4 at page 64), C4 indexer (head
 128, FP8 at page 64), C128 main KV (V4 at page 2) and online C128 main KV (V4 at page 2).
-For every case two rows: ``two-step`` (compress_forward into a preallocated fp32
-intermediate, then compress_norm_rope_store from it; one timed unit) and ``fused``
+For every case two rows: ``two-step`` (compress_forward into a preallocated intermediate
+(fp32; bf16 under ``--in-dtype bf16``), then compress_norm_rope_store from it; one timed unit) and ``fused``
 (compress_and_store).  ``fused x`` = two-step cold time / fused cold time.
 
 Byte model ("min MB", the same for both rows: what the pipeline must move, excluding
@@ -87,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
             if not C.matches(args.filters, spec.name, label):
                 continue
             layer = C.LAYERS[lname]
-            b = C.build_bundle(world, layer, C.seed_of(spec.name, lname, base=args.seed))
+            if C.skips_dtype(layer, args.in_dtype):
+                continue
+            b = C.build_bundle(world, layer, C.seed_of(spec.name, lname, base=args.seed), args.in_dtype)
+            shown = C.dtype_label(label, args.in_dtype)
             cache = b.cache(store)
             common = dict(norm_weight=b.norm_weight, norm_eps=NORM_EPS, freq_cis=b.freq_cis, kvcache=cache,
                           page_size=store.page_size, use_fp4=store.use_fp4, bf16_store=store.bf16_store)
@@ -103,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
             nbytes = C.mean_bytes([C.pipeline_total(layer, store, C.compress_bytes(layer, s, spec.is_decode))
                                    for s in b.sets])
-            target = TARGETS.get((spec.name, label))
+            target = TARGETS.get((spec.name, label)) if shown == label else None  # (fp32 targets)
             measured: dict[str, C.Timing] = {}
             first: dict[str, object] = {}
             runs = [(C.tiling_label(path, tiling, args.tilings), fn, tiling) for tiling in args.tilings
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                     cold, ahead, graph, err = C.measure(timer, calls)
                     t = C.Timing(cold, ahead, None, graph, err)
                 if t.err:
-                    notes.append(f"{spec.name} {label} {path}: {t.err}")
+                    notes.append(f"{spec.name} {shown} {path}: {t.err}")
                 measured[path] = t
             C.use_tiling(args.tilings[0], dev)
             pe = None
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                                                       store.use_fp4, store.bf16_store)
                         out.append(lambda comp=comp, store_=store_: (comp(), store_()))
                     return out
-                pe, pcalls = side.time(timer, peer_calls, f"{spec.name} {label}")
+                pe, pcalls = side.time(timer, peer_calls, f"{spec.name} {shown}")
             two_cold = measured["two-step"].cold
             for path, t in measured.items():
                 speedup = f"{two_cold / t.cold:.2f}" if two_cold and t.cold and path != "two-step" else ""
@@ -142,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
                     C.use_tiling(tiling_of[path], dev)
                     delta = C.peer_delta(first[path], pcalls[0], [cache], [b.state]) if pcalls else "-"
                     C.use_tiling(args.tilings[0], dev)
-                    row = C.peer_result_row(timer, spec.name, label, t, pe, nbytes, target, extra=(path,),
+                    row = C.peer_result_row(timer, spec.name, shown, t, pe, nbytes, target, extra=(path,),
                                             tail=(speedup,), show_target=path != "two-step", delta=delta)
                 else:
-                    row = C.result_row(timer, spec.name, label, t.cold, t.ahead, t.graph, nbytes, target,
+                    row = C.result_row(timer, spec.name, shown, t.cold, t.ahead, t.graph, nbytes, target,
                                        extra=(path,), tail=(speedup,), show_target=path != "two-step")
                 print("  " + "  ".join(row), file=sys.stderr, flush=True)
                 rows.append(row)

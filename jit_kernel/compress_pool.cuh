@@ -105,33 +105,23 @@ __device__ __forceinline__ int score_col(int e) {
 }
 
 // Fold one batch of loaded entries into the running state, channel by channel: the logits, their
-// max, then exp-sum and weighted sum. kind[k]: 0 = padding, 1 = input row, 2 = state row, 3 = the
-// state row this launch writes (read from its input row, rounded through TState). With TIn ==
-// TState every entry was loaded into in_*; otherwise state entries into st_*. `first`: the
-// running state is still empty (prefill's first batch), so the batch's partial replaces it
-// (merging it into the empty state would give the same bits: acc_merge).
-template <class C, int B, class RawIn, class RawState, int NS>
+// max, then exp-sum and weighted sum. kind[k]: 0 = padding, 1 = input row, 2 = state row (its
+// values converted TState -> TIn at load: load_entry), 3 = the state row this launch writes (read
+// from its input row, rounded through TState). `first`: the running state is still empty
+// (prefill's first batch), so the batch's partial replaces it (merging it into the empty state
+// would give the same bits: acc_merge).
+template <class C, int B, class RawIn>
 __device__ __forceinline__ void fold_batch(const int (&kind)[B], const RawIn (&in_kv)[B], const RawIn (&in_sc)[B],
-                                           const RawState (&st_kv)[NS], const RawState (&st_sc)[NS],
                                            const RawIn (&bias)[B], bool first, Acc (&acc)[C::kVecW]) {
   using TIn = typename C::TIn;
   using TState = typename C::TState;
-  constexpr bool kSame = std::is_same_v<TIn, TState>;
 #pragma unroll
   for (int i = 0; i < C::kVecW; ++i) {
     float kv[B], lg[B];
     float m = -INFINITY;
 #pragma unroll
     for (int k = 0; k < B; ++k) {
-      if (kind[k] == 2) {
-        if constexpr (kSame) {
-          kv[k] = to_float(in_kv[k].v[i]);
-          lg[k] = to_float(in_sc[k].v[i]);
-        } else {
-          kv[k] = via<TIn>(st_kv[k].v[i]);
-          lg[k] = via<TIn>(st_sc[k].v[i]);
-        }
-      } else if (kind[k] == 3) {
+      if (kind[k] == 3) {
         kv[k] = via<TIn>(from_float<TState>(to_float(in_kv[k].v[i])));
         lg[k] = via<TIn>(from_float<TState>(to_float(in_sc[k].v[i])));
       } else {
@@ -160,6 +150,36 @@ __device__ __forceinline__ void fold_batch(const int (&kind)[B], const RawIn (&i
   }
 }
 
+// Entry values of channels c..c+kVecW-1 (kv at column kc, score at sc) of a state row (kind 2)
+// or an input row (kind 1, 3) into TIn vectors. A state value is converted TState -> TIn as it
+// is loaded (the value the peer's mixed kernels pool), so every entry holds one TIn vector
+// whatever its source; with TIn == TState the kinds differ only in the row.
+template <class C>
+__device__ __forceinline__ void load_entry(int kind, const typename C::TState* st_row, const typename C::TIn* in_row,
+                                           int kc, int sc, Vec<typename C::TIn, C::kVecW>& kv,
+                                           Vec<typename C::TIn, C::kVecW>& score) {
+  using TIn = typename C::TIn;
+  using TState = typename C::TState;
+  constexpr int V = C::kVecW;
+  if constexpr (std::is_same_v<TIn, TState>) {
+    const TIn* src = kind == 2 ? reinterpret_cast<const TIn*>(st_row) : in_row;
+    if (kind != 0) {
+      kv = load_vec<TIn, V>(src + kc);
+      score = load_vec<TIn, V>(src + sc);
+    }
+  } else if (kind == 2) {
+    const Vec<TState, V> skv = load_vec<TState, V>(st_row + kc), ssc = load_vec<TState, V>(st_row + sc);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      kv.v[i] = from_float<TIn>(to_float(skv.v[i]));
+      score.v[i] = from_float<TIn>(to_float(ssc.v[i]));
+    }
+  } else if (kind != 0) {
+    kv = load_vec<TIn, V>(in_row + kc);
+    score = load_vec<TIn, V>(in_row + sc);
+  }
+}
+
 // Prefill, one load batch: entries e0 + b0 + k (k < kLoadBatch) of channels c..c+kVecW-1 from
 // the row pointers of pool_entries (entry e0 + j of the input is j rows past in_e0; of the state,
 // j rows past st_a, or for C4 entry e of the state e rows past st_a / e - 4 + 4 rows past st_b),
@@ -176,12 +196,10 @@ __device__ __forceinline__ void pool_batch(const Window& w, const int e0, const 
   using TState = typename C::TState;
   constexpr int V = C::kVecW;
   constexpr int B = C::kLoadBatch;
-  constexpr bool kSame = std::is_same_v<TIn, TState>;
   // Regular C128 windows have no padding entries (every entry of [0, W) is live).
   constexpr bool kAllLive = C::kRatio == 128 && !C::kOnline;
   int kind[B];
   Vec<TIn, V> in_kv[B], in_sc[B], bias[B];
-  Vec<TState, V> st_kv[kSame ? 1 : B], st_sc[kSame ? 1 : B];
 #pragma unroll
   for (int k = 0; k < B; ++k) {
     const int j = b0 + k, e = e0 + j;  // C4: e0 == 0, so e is a constant too
@@ -190,48 +208,25 @@ __device__ __forceinline__ void pool_batch(const Window& w, const int e0, const 
     const TState* st_row = (C::kRatio == 4 && e >= 4 ? st_b : st_a) + static_cast<int64_t>(C::kRatio == 4 ? e : j) * C::kStateWidth;
     const TIn* in_row = in_e0 + static_cast<int64_t>(j) * C::kInWidth;
     kind[k] = !live ? 0 : (!from_state ? 1 : 2);
-    const int kc = kv_col<C>(e), sc = score_col<C>(e);
-    if constexpr (kSame) {
-      const TIn* src = kind[k] == 2 ? reinterpret_cast<const TIn*>(st_row) : in_row;
-      if (kind[k] != 0) {
-        in_kv[k] = load_vec<TIn, V>(src + kc);
-        in_sc[k] = load_vec<TIn, V>(src + sc);
-      }
-    } else if (kind[k] == 2) {
-      st_kv[k] = load_vec<TState, V>(st_row + kc);
-      st_sc[k] = load_vec<TState, V>(st_row + sc);
-    } else if (kind[k] != 0) {
-      in_kv[k] = load_vec<TIn, V>(in_row + kc);
-      in_sc[k] = load_vec<TIn, V>(in_row + sc);
-    }
+    load_entry<C>(kind[k], st_row, in_row, kv_col<C>(e), score_col<C>(e), in_kv[k], in_sc[k]);
     if (kind[k] != 0) bias[k] = load_vec<TIn, V>(bias_e0 + j * C::H);
   }
   if constexpr (B == C::kBatch) {
-    fold_batch<C>(kind, in_kv, in_sc, st_kv, st_sc, bias, b0 == 0, acc);
+    fold_batch<C>(kind, in_kv, in_sc, bias, b0 == 0, acc);
   } else {
     constexpr int F = C::kBatch;
-    constexpr int FS = kSame ? 1 : F;
 #pragma unroll
     for (int f = 0; f < B; f += F) {
       int fk[F];
       Vec<TIn, V> fkv[F], fsc[F], fb[F];
-      Vec<TState, V> fskv[FS], fssc[FS];
 #pragma unroll
       for (int k = 0; k < F; ++k) {
         fk[k] = kind[f + k];
         fkv[k] = in_kv[f + k];
         fsc[k] = in_sc[f + k];
         fb[k] = bias[f + k];
-        if constexpr (!kSame) {
-          fskv[k] = st_kv[f + k];
-          fssc[k] = st_sc[f + k];
-        }
       }
-      if constexpr (kSame) {
-        fskv[0] = st_kv[0];
-        fssc[0] = st_sc[0];
-      }
-      fold_batch<C>(fk, fkv, fsc, fskv, fssc, fb, b0 + f == 0, acc);
+      fold_batch<C>(fk, fkv, fsc, fb, b0 + f == 0, acc);
     }
   }
 }
@@ -276,10 +271,8 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
   // launch writes, self_row, is found by its row).
 #pragma unroll C::kUnroll
   for (int b0 = 0; b0 < C::kPerSplit; b0 += B) {
-    constexpr bool kSame = std::is_same_v<TIn, TState>;
     int kind[B];
     Vec<TIn, V> in_kv[B], in_sc[B], bias[B];
-    Vec<TState, V> st_kv[kSame ? 1 : B], st_sc[kSame ? 1 : B];
 #pragma unroll
     for (int k = 0; k < B; ++k) {
       const int j = b0 + k, e = e0 + j;
@@ -290,23 +283,10 @@ __device__ __forceinline__ void pool_entries(const Window& w, int e0, int c,
       const TState* st_row = state + srow * C::kStateWidth;
       const TIn* in_row = input + (self ? w.self_in : w.q_first + e) * C::kInWidth;
       kind[k] = !live ? 0 : (!from_state ? 1 : (self ? 3 : 2));
-      const int kc = kv_col<C>(e) + c, sc = score_col<C>(e) + c;
-      if constexpr (kSame) {
-        const TIn* src = kind[k] == 2 ? reinterpret_cast<const TIn*>(st_row) : in_row;
-        if (kind[k] != 0) {
-          in_kv[k] = load_vec<TIn, V>(src + kc);
-          in_sc[k] = load_vec<TIn, V>(src + sc);
-        }
-      } else if (kind[k] == 2) {
-        st_kv[k] = load_vec<TState, V>(st_row + kc);
-        st_sc[k] = load_vec<TState, V>(st_row + sc);
-      } else if (kind[k] != 0) {
-        in_kv[k] = load_vec<TIn, V>(in_row + kc);
-        in_sc[k] = load_vec<TIn, V>(in_row + sc);
-      }
+      load_entry<C>(kind[k], st_row, in_row, kv_col<C>(e) + c, score_col<C>(e) + c, in_kv[k], in_sc[k]);
       if (kind[k] != 0) bias[k] = load_vec<TIn, V>(bias_e0 + (C::kOnlineDecode ? 0 : j * C::H));
     }
-    fold_batch<C>(kind, in_kv, in_sc, st_kv, st_sc, bias, false, acc);
+    fold_batch<C>(kind, in_kv, in_sc, bias, false, acc);
   }
 }
 

@@ -75,6 +75,10 @@ def runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]
         mds[f"peer:{name}"] = tmp / f"peer-{name}.md"
         jobs.append([f"peer:{name}", ["--device", "cpu", "--peer", "--cases", PEER_CASE,
                                       "--md", str(mds[f"peer:{name}"])]])
+    for name in ("compress", "pipeline"):
+        mds[f"bf16:{name}"] = tmp / f"bf16-{name}.md"
+        jobs.append([f"bf16:{name}", ["--device", "cpu", "--in-dtype", "bf16", "--cases", "prefill-300",
+                                      "--md", str(mds[f"bf16:{name}"])]])
     for name, extra in (("v41", []), ("peer:v41", ["--peer"])):  # bench_v41.py: its own four CPU cases
         mds[name] = tmp / f"{name.replace(':', '-')}.md"
         jobs.append([name, ["--device", "cpu", *extra, "--md", str(mds[name])]])
@@ -117,6 +121,23 @@ def test_op_benchmark_prints_its_table(runs, name):
     assert text.startswith("### bench_"), text[:200]
     assert "| " + " | ".join(OP_COLUMNS[:2]) in text
     assert text.count("\n| decode-B2-rand |") >= len(layers)
+
+
+@pytest.mark.parametrize("name", ["compress", "pipeline"])
+def test_bf16_input_rows(runs, name):
+    """``--in-dtype bf16``: every fp32-capable layer gets a row marked ``bf16`` (the online layer,
+    fp32 only, none), with half the fp32 run's input bytes in its byte model."""
+    proc, _ = runs[f"bf16:{name}"]
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, rows = _table(proc.stdout, "case")
+    for layer in SCRIPTS[name][1]:
+        hits = [r for r in rows if r.startswith("prefill-300 ") and f" {layer} bf16 " in r]
+        want = 0 if "online" in layer else (2 if name == "pipeline" else 1)
+        assert len(hits) == want, f"{name}: expected {want} bf16 row(s) for {layer}, got {hits}"
+    fp32 = {r["layer"]: float(r["min MB"]) for r in _records(runs[name][0].stdout) if r["case"] == "prefill-300"}
+    bf16 = {r["layer"].removesuffix(" bf16"): float(r["min MB"]) for r in _records(proc.stdout)}
+    for layer, mb in bf16.items():
+        assert 0.4 * fp32[layer] < mb < 0.75 * fp32[layer], (layer, mb, fp32[layer])
 
 
 def _records(stdout: str) -> list[dict[str, str]]:
@@ -339,6 +360,15 @@ def test_byte_model_matches_the_issue_sizes():
     assert b.state_read == 7 * 2 * 512 * 4 and b.state_write == 4 * 512 * 4 and b.events == 1
     per_row = 512 * 4 + 256 + 8 + L.MAIN_V4.bytes_per_token  # kv, freq row, out_loc, entry
     assert C.store_total(C.LAYERS["c4-512"], C.STORE_V4_C4, b) == 16 + per_row + 512 * 4
+    # bf16 input: input rows and ape at 2 bytes, out rows in the input dtype, state reads fp32
+    import torch
+
+    pre1 = [C.Request(0, 1001, 1001 + 2048)]
+    f32 = C.compress_bytes(C.LAYERS["c4-512"], C.InputSet(pre1, None, None, None, None, None, 512, 0), False)
+    t = torch.empty(0, dtype=torch.bfloat16)
+    b16 = C.compress_bytes(C.LAYERS["c4-512"], C.InputSet(pre1, None, t, t, None, None, 512, 0), False)
+    assert b16.inp * 2 == f32.inp and b16.ape * 2 == f32.ape and b16.out * 2 == f32.out
+    assert b16.state_read == f32.state_read and b16.kv_bytes == 2 and f32.kv_bytes == 4
 
 
 def test_decode_scenarios_have_exact_boundary_counts():
