@@ -510,13 +510,17 @@ def get_peer(device: torch.device) -> Peer:
     return _PEERS[key]
 
 
-def bench_specs(peer: Peer) -> list[ModuleSpec]:
-    """Every peer module ``bench_compress.py`` / ``bench_store.py`` / ``bench_pipeline.py --peer`` build."""
-    f32 = torch.float32
+def bench_specs(peer: Peer, bf16: bool = False) -> list[ModuleSpec]:
+    """Every peer module ``bench_compress.py`` / ``bench_store.py`` / ``bench_pipeline.py --peer`` build;
+    ``bf16``: also those of ``--in-dtype bf16`` (bf16 input and rows, fp32 state; no online layer)."""
+    f32, b16 = torch.float32, torch.bfloat16
     specs = [peer.compress_spec(4, 512, False), peer.compress_spec(4, 128, False),
              peer.compress_spec(128, 512, False), peer.compress_spec(128, 512, True),
              peer.store_spec(f32, 512, 64), peer.store_spec(f32, 128, 64), peer.store_spec(f32, 512, 2),
              peer.plan_spec()]
+    if bf16:
+        specs += [peer.compress_spec(r, h, False, f32, b16, b16) for r, h in ((4, 512), (4, 128), (128, 512))]
+        specs += [peer.store_spec(b16, 512, 64), peer.store_spec(b16, 128, 64), peer.store_spec(b16, 512, 2)]
     return specs
 
 
@@ -533,6 +537,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=None)
     p.add_argument("--arch", default=None, help="build for this target without a GPU, e.g. 9.0a (compile check)")
     p.add_argument("--v41", action="store_true", help="also the V4.1 c1 / c2 / index-K modules")
+    p.add_argument("--bf16", action="store_true", help="also the modules of the benchmarks' --in-dtype bf16")
     p.add_argument("--only", default="", help="comma list of module-name substrings to prewarm")
     args = p.parse_args(argv)
     peer = Peer(args.device, arch=args.arch)
@@ -541,7 +546,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         import time
 
         t0 = time.perf_counter()
-        specs = [s for s in bench_specs(peer) + (v41_specs(peer) if args.v41 else [])
+        specs = [s for s in bench_specs(peer, args.bf16) + (v41_specs(peer) if args.v41 else [])
                  if not args.only or any(o in s.name for o in args.only.split(","))]
         errs = peer.prewarm(specs, args.jobs)
         print(f"prewarm: {len(specs) - len(errs)} of {len(specs)} modules ready in {time.perf_counter() - t0:.1f} s")
