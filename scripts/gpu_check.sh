@@ -10,7 +10,8 @@
 # Environment (all optional):
 #   OUT                 where logs and tables go (default ./gpu-out).  At most 8 files are written:
 #                       gpu_check.log (everything printed), summary.md (pass/fail per step + the
-#                       benchmark tables), bench_compress.md, bench_store.md, bench_pipeline.md.
+#                       benchmark tables), bench_compress.md, bench_store.md, bench_pipeline.md
+#                       (compress and pipeline: their bf16-input prefill rows appended).
 #   FC_STEPS            comma list of steps to run, default all:
 #                       prewarm,pytest,props,demo,sanitizer,bench   (the environment is always shown)
 #   FC_SANITIZER_TESTS  pytest -k expression of the GPU tests run under compute-sanitizer
@@ -184,6 +185,11 @@ if wanted bench; then
       continue
     fi
     step "bench $name" "$PY" "$script" --md "$OUT/bench_$name.md" "${short[@]}"
+  done
+  # bf16 input (fp32 state, the engine's mixed case): the prefill rows, appended to the same tables
+  for name in compress pipeline; do
+    [ -f "benchmarks/bench_$name.py" ] || continue
+    step "bench $name bf16" "$PY" "benchmarks/bench_$name.py" --in-dtype bf16 --cases prefill --md "$OUT/bench_$name.md"
   done
   # The older benchmarks print to the log only.
   step "bench plans" "$PY" benchmarks/bench_plans.py

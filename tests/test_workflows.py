@@ -137,6 +137,8 @@ def test_gpu_check_dry_run_all_steps(tmp_path: Path) -> None:
     for name in ("compress", "store", "pipeline"):
         if (REPO / "benchmarks" / f"bench_{name}.py").exists():
             assert f"bench_{name}.py --md {out}/bench_{name}.md --short" in log
+            if name != "store":  # the bf16-input prefill rows, appended to the same table file
+                assert f"bench_{name}.py --in-dtype bf16 --cases prefill --md {out}/bench_{name}.md" in log
         else:
             assert f"| bench {name} | SKIP |" in summary
 
